@@ -1,0 +1,1 @@
+"""specls.decoder: the speculative decode loop, drafters, acceptance and stats. Pure: no ORT, no torch."""

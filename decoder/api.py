@@ -1,0 +1,182 @@
+"""The contracts every part of specls codes against.
+
+- ``KVCache`` / ``CausalLM``: what the decode loop needs from a model (ONNX in ``specls.models``,
+  numpy fakes in the tests).
+- ``Drafter``: one protocol for every drafter (prompt lookup, draft model, completion reuse, ...).
+- ``Engine``: what the language server needs from a completion backend (in-process ONNX engine or a
+  remote OpenAI-compatible one). The server never sees tokens or models, only text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+# A cancellation check: returns True when the caller no longer wants the result.
+CancelCheck = Callable[[], bool]
+
+
+def never_cancelled() -> bool:
+    return False
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """One sequence's KV cache, owned by that sequence.
+
+    ``forward`` appends ``ids`` after the ``length`` cached positions and returns the logits of every
+    new position; ``truncate(n)`` rolls the cache back to its first ``n`` positions (exact: a slice on
+    the sequence axis).
+    """
+
+    @property
+    def length(self) -> int: ...
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """ids: [n] -> logits: [n, vocab] float32. Cache grows by n."""
+        ...
+
+    def truncate(self, n: int) -> None: ...
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A loaded model that can open per-sequence caches."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def new_cache(self) -> KVCache: ...
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes tokens to verify. The decode loop never asks which drafter it has.
+
+    ``propose(context, k)``: up to ``k`` token ids continuing ``context`` (the full committed token
+    sequence, prompt included); ``[]`` means no proposal.
+    ``observe(n_accepted)``: how many of the last proposal's tokens the target accepted.
+    ``proposal_probs()``: for sampling mode, the drafter's distributions q for the last proposal
+    ([len(proposal), vocab]), or None for a point mass (a deterministic guess such as prompt lookup).
+    """
+
+    name: str
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]: ...
+
+    def observe(self, n_accepted: int) -> None: ...
+
+    def proposal_probs(self) -> np.ndarray | None: ...
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How one generation runs. Passed whole to the decode loop."""
+
+    max_new_tokens: int = 64
+    gamma: int = 5  # initial speculation length
+    gamma_min: int = 1
+    gamma_max: int = 12
+    adaptive_gamma: bool = True
+    temperature: float = 0.0  # 0 = greedy (deterministic, == plain greedy decoding)
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+    deadline_s: float | None = None  # wall-clock budget for the decode phase, None = none
+
+
+@dataclass
+class DrafterStats:
+    drafted: int = 0
+    accepted: int = 0
+    proposals: int = 0
+
+
+@dataclass
+class DecodeResult:
+    """What one generation produced, and what it cost."""
+
+    tokens: list[int]
+    text: str = ""
+    stop_reason: str = "max_tokens"  # "eos" | "max_tokens" | "deadline" | "cancelled" | "stop"
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
+    # accept_hist[i] = number of verify passes whose drafted token at position i was accepted
+    accept_hist: list[int] = field(default_factory=list)
+    prefill_tokens: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine: the language server's view of a completion backend (text in, text out).
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One completion at one cursor. ``doc_id`` identifies the buffer (LSP uri) so the engine can
+    reuse that buffer's KV prefix and last completion across keystrokes."""
+
+    doc_id: str
+    prefix: str  # document text before the cursor
+    suffix: str  # document text after the cursor
+    max_tokens: int = 64
+    language: str = "python"
+    # Text-level stop: called with the completion text so far; returns the length to keep when the
+    # completion is finished (e.g. end of line in single-line mode), or None to go on.
+    stop: Callable[[str], int | None] | None = None
+    # Other open buffers (uri -> text) that may be used as prompt context snippets.
+    context_docs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class CompletionResult:
+    text: str
+    tokens: int = 0
+    stop_reason: str = "max_tokens"
+    cancelled: bool = False
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
+    prefill_tokens: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    prefix_reused_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
+    completion_reuse: bool = False  # the previous completion was used as the draft
+    cache_hit: bool = False  # answered from the finished-completion LRU, no model call
+    provider: str = "cpu"
+
+
+class EngineError(RuntimeError):
+    """A backend that cannot serve (model missing/corrupt, remote unreachable). Message is for users."""
+
+
+class Engine(Protocol):
+    """A completion backend. Implementations must be safe to call from one worker thread at a time
+    per ``complete`` call; ``update_document``/``close_document`` may come from another thread."""
+
+    def load(self, progress: Callable[[str, float], None] | None = None) -> None:
+        """Blocking load; raises EngineError with a clear reason. progress(message, fraction 0..1)."""
+        ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def update_document(self, doc_id: str, text: str) -> None:
+        """A buffer's full current text (feeds the cross-buffer prompt-lookup index)."""
+        ...
+
+    def close_document(self, doc_id: str) -> None: ...
+
+    def complete(
+        self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
+    ) -> CompletionResult: ...
+
+    def stats(self) -> dict[str, object]: ...

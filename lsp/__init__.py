@@ -1,0 +1,1 @@
+"""specls.lsp: the pygls language server (documents, inline completion, cancellation, settings)."""

@@ -1,0 +1,5 @@
+import sys
+
+from specls.cli import main
+
+sys.exit(main())

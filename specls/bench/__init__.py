@@ -1,0 +1,40 @@
+"""``specls bench [decode|lsp|team|gpu]``: benchmarks that print ratios from one run.
+
+Each kind lives in its own module defining ``register(subparsers)``; ``specls bench`` alone runs
+``decode``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+_KINDS = ("decode", "lsp", "team", "gpu")
+
+
+def register(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (default: decode)")
+    kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND")
+    registered = []
+    for kind in _KINDS:
+        try:
+            module = importlib.import_module(f"specls.bench.{kind}")
+        except ModuleNotFoundError as exc:
+            if exc.name and f"specls.bench.{kind}".startswith(exc.name):
+                continue
+            raise
+        module.register(kinds)
+        registered.append(kind)
+
+    def default(args: argparse.Namespace) -> int:
+        if "decode" not in registered:
+            bench.print_help()
+            return 2
+        # `specls bench` with no kind: parse again as `specls bench decode ...`
+        from specls.cli import build_parser
+
+        decode_args = build_parser().parse_args(["bench", "decode"])
+        decode_args.verbose = args.verbose
+        return int(decode_args.func(decode_args) or 0)
+
+    bench.set_defaults(func=default)
