@@ -1,0 +1,1 @@
+"""specls.team: serving one specls to many editors (auth, fair scheduling, metrics, remote engines)."""
