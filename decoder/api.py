@@ -133,6 +133,9 @@ class CompletionRequest:
     stop: Callable[[str], int | None] | None = None
     # Other open buffers (uri -> text) that may be used as prompt context snippets.
     context_docs: tuple[tuple[str, str], ...] = ()
+    # Set by a scheduler under load (specls.team): upper bound on the speculation length for this
+    # request; 0 = drafting off; None = the engine's own choice. Engines that cannot honour it ignore it.
+    speculation_cap: int | None = None
 
 
 @dataclass
