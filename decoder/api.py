@@ -86,6 +86,11 @@ class DecodeSettings:
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
     deadline_s: float | None = None  # wall-clock budget for the decode phase, None = none
+    # "Speculation pays" check (added by the decoder): c = cost of one drafted token relative to one
+    # target pass (None = measure it with the clock); drafting is switched off for a while when the
+    # estimated speedup (tokens per pass / relative pass cost) falls below min_speedup (0 = never off).
+    draft_cost_ratio: float | None = None
+    min_speedup: float = 1.0
 
 
 @dataclass
@@ -183,3 +188,21 @@ class Engine(Protocol):
     ) -> CompletionResult: ...
 
     def stats(self) -> dict[str, object]: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional drafter extras (added by the decoder). A Drafter MAY implement these; the loop calls them
+# when present and never needs to know which drafter it has.
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class DrafterExtras(Protocol):
+    def begin(self, settings: DecodeSettings) -> None:
+        """Called once at the start of each generation (sampling parameters, seed, per-request state)."""
+        ...
+
+    def proposal_sources(self) -> Sequence[str]:
+        """One name per token of the last proposal: the sub-drafter that proposed it (a composite
+        drafter reports e.g. "lookup"/"draft"); stats in DecodeResult.per_drafter are keyed by it."""
+        ...

@@ -1,0 +1,96 @@
+"""Per-request speculation length (gamma) and the "does speculation pay" check.
+
+Adaptive gamma: grow by one after a pass that accepted its full gamma-long proposal, shrink by one after
+an early rejection (fewer than half accepted); clamped to [gamma_min, gamma_max].
+
+Pays check: with tau = tokens committed per speculative pass (accepted + 1) and kappa = cost of a
+speculative pass relative to a plain one (1 + drafting cost), the estimated speedup is tau / kappa.
+Drafting cost per pass is ``c * drafted`` when the caller gives c (``DecodeSettings.draft_cost_ratio``),
+else measured: drafting time / target time of that pass. Both are exponential moving averages. After a
+few warm-up passes, if the estimate falls below ``min_speedup`` drafting is turned off (gamma 0 ->
+plain steps) for ``backoff`` passes, then probed again; the backoff doubles while it keeps not paying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specls.decoder.api import DecodeSettings
+
+
+@dataclass(frozen=True)
+class GammaPolicy:
+    """Knobs of the controller that are not per request."""
+
+    ema: float = 0.7  # weight of the history in the moving averages
+    warmup_passes: int = 3  # speculative passes observed before the pays check may switch drafting off
+    backoff_min: int = 4  # plain passes before probing again
+    backoff_max: int = 64
+
+
+class GammaController:
+    """State for one generation. ``gamma(remaining)`` -> how many tokens to draft now (0 = plain step);
+    ``observe(...)`` after each speculative pass."""
+
+    def __init__(self, settings: DecodeSettings, policy: GammaPolicy = GammaPolicy()) -> None:
+        self._settings = settings
+        self._policy = policy
+        self._lo = max(1, settings.gamma_min)
+        self._hi = max(self._lo, settings.gamma_max)
+        self._gamma = min(max(settings.gamma, self._lo), self._hi)
+        self._tau: float | None = None  # EMA tokens per speculative pass
+        self._cost: float | None = None  # EMA drafting cost per pass, relative to a target pass
+        self._observed = 0
+        self._off_for = 0  # plain passes left before probing again
+        self._backoff = policy.backoff_min
+        self.disabled_passes = 0  # plain passes forced by the pays check (for stats/tests)
+
+    @property
+    def current(self) -> int:
+        return self._gamma
+
+    def speedup(self) -> float | None:
+        """Estimated speedup of speculation over plain decoding (None until something was observed)."""
+        if self._tau is None or self._cost is None:
+            return None
+        return self._tau / (1.0 + self._cost)
+
+    def gamma(self, remaining: int) -> int:
+        """Tokens to draft for the next pass, given ``remaining`` tokens allowed (accepted + bonus must
+        fit: at most remaining - 1)."""
+        if self._settings.gamma <= 0:
+            return 0
+        if self._off_for > 0:
+            self._off_for -= 1
+            self.disabled_passes += 1
+            return 0
+        return max(0, min(self._gamma, remaining - 1))
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+        """One speculative pass: ``drafted`` proposed, ``accepted`` of them accepted; ``draft_s`` time
+        spent drafting, ``target_s`` time of the target pass (for the measured cost ratio)."""
+        if drafted <= 0:
+            return
+        s, p = self._settings, self._policy
+        if s.adaptive_gamma:
+            if accepted >= drafted and drafted >= self._gamma:
+                self._gamma = min(self._gamma + 1, self._hi)
+            elif 2 * accepted < drafted:
+                self._gamma = max(self._gamma - 1, self._lo)
+        if s.draft_cost_ratio is not None:
+            cost = s.draft_cost_ratio * drafted
+        else:
+            cost = draft_s / target_s if target_s > 0.0 else 0.0
+        tau = float(accepted + 1)
+        self._tau = tau if self._tau is None else p.ema * self._tau + (1 - p.ema) * tau
+        self._cost = cost if self._cost is None else p.ema * self._cost + (1 - p.ema) * cost
+        self._observed += 1
+        speedup = self.speedup()
+        if s.min_speedup <= 0.0 or self._observed < p.warmup_passes or speedup is None:
+            return
+        if speedup < s.min_speedup:
+            self._off_for = self._backoff
+            self._backoff = min(self._backoff * 2, p.backoff_max)
+            self._observed = max(0, p.warmup_passes - 1)  # one probing pass decides again
+        else:
+            self._backoff = p.backoff_min

@@ -1,0 +1,167 @@
+"""The speculative decode loop: the one entry point ``generate``.
+
+Invariant between passes: the target cache holds every committed token except the last one
+(``target.length == len(seq) - 1``); each pass feeds [last committed] + draft, so the prompt's last
+token rides along with the first pass instead of costing a separate prefill step.
+
+On return the target cache holds exactly the first ``target.length`` tokens of ``prompt + tokens``
+(never a rejected draft token), so the caller can reuse it as a prefix for the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from specls.decoder.acceptance import greedy_accept, process_logits, rejection_accept
+from specls.decoder.api import (
+    CancelCheck,
+    DecodeResult,
+    DecodeSettings,
+    Drafter,
+    DrafterStats,
+    KVCache,
+    never_cancelled,
+)
+from specls.decoder.gamma import GammaController, GammaPolicy
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+DEFAULT_POLICY = GammaPolicy()
+
+
+def _sources(drafter: Drafter, n: int) -> list[str]:
+    get = getattr(drafter, "proposal_sources", None)
+    names = list(get()) if get is not None else []
+    return names[:n] if len(names) >= n else [drafter.name] * n
+
+
+def _record(result: DecodeResult, sources: list[str], n_accepted: int) -> None:
+    """Per-drafter stats (keyed by the proposing sub-drafter) and the accept histogram by position."""
+    result.drafted += len(sources)
+    result.accepted += n_accepted
+    for name in dict.fromkeys(sources):
+        result.per_drafter.setdefault(name, DrafterStats()).proposals += 1
+    for i, name in enumerate(sources):
+        stats = result.per_drafter[name]
+        stats.drafted += 1
+        stats.accepted += int(i < n_accepted)
+    if len(result.accept_hist) < len(sources):
+        result.accept_hist.extend([0] * (len(sources) - len(result.accept_hist)))
+    for i in range(n_accepted):
+        result.accept_hist[i] += 1
+
+
+def generate(
+    target: KVCache,
+    prompt: Sequence[int],
+    drafter: Drafter | None,
+    settings: DecodeSettings,
+    eos_ids: frozenset[int],
+    cancelled: CancelCheck = never_cancelled,
+    stop: Callable[[list[int]], bool] | None = None,
+    *,
+    clock: Clock = time.perf_counter,
+    policy: GammaPolicy = DEFAULT_POLICY,
+) -> DecodeResult:
+    """Decode up to ``settings.max_new_tokens`` tokens after ``prompt`` with the target model.
+
+    ``target`` may already hold a prefix of ``prompt`` (the caller guarantees its positions are exactly
+    ``prompt[:target.length]``); only the rest is computed. Greedy (temperature 0): tokens equal plain
+    greedy decoding of the target, token for token, whatever the drafter proposes. Sampling: exact
+    rejection sampling with ``np.random.default_rng(settings.seed)``.
+
+    Stops: an eos id (not included in tokens), max_new_tokens (never exceeded), ``stop(tokens)`` True
+    (tokens so far included), the decode-phase deadline, ``cancelled()`` (checked before every target
+    pass; returns the tokens so far). ``prefill_tokens`` counts the prompt tokens computed by this call
+    (the last one is fed with the first decode pass).
+    """
+    prompt = [int(t) for t in prompt]
+    if not prompt:
+        raise ValueError("generate needs a non-empty prompt")
+    if not 0 <= target.length <= len(prompt):
+        raise ValueError(f"target cache holds {target.length} positions, prompt has {len(prompt)}")
+    if settings.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {settings.temperature}")
+    result = DecodeResult(tokens=[])
+    if settings.max_new_tokens <= 0:
+        return result
+    if cancelled():
+        result.stop_reason = "cancelled"
+        return result
+
+    # Prefill: the cache must hold prompt[:-1]; the last prompt token is fed with the first pass.
+    t0 = clock()
+    if target.length == len(prompt):
+        target.truncate(len(prompt) - 1)
+    result.prefill_tokens = len(prompt) - target.length
+    if target.length < len(prompt) - 1:
+        target.forward(prompt[target.length : -1])  # logits of prompt positions are not needed
+    result.prefill_ms = (clock() - t0) * 1e3
+
+    sampling = settings.temperature > 0.0
+    rng = np.random.default_rng(settings.seed)
+    begin = getattr(drafter, "begin", None)
+    if begin is not None:
+        begin(settings)
+    control = GammaController(settings, policy)
+    seq = prompt  # committed tokens; target.length == len(seq) - 1 between passes
+    out = result.tokens
+    t_decode = clock()
+    reason = ""
+    while not reason:
+        if cancelled():
+            reason = "cancelled"
+            break
+        gamma = control.gamma(settings.max_new_tokens - len(out))
+        draft: list[int] = []
+        q: np.ndarray | None = None
+        t_draft = clock()
+        if drafter is not None and gamma > 0:
+            draft = [int(t) for t in drafter.propose(seq, gamma)[:gamma]]
+            q = drafter.proposal_probs() if sampling and draft else None
+        t_target = clock()
+        base = target.length  # == len(seq) - 1
+        logits = target.forward([seq[-1], *draft])  # logits: [n+1, vocab]
+        t_done = clock()
+        result.target_passes += 1
+        if sampling:
+            p = process_logits(logits, settings.temperature, settings.top_k, settings.top_p)  # [n+1, vocab]
+            n_acc, nxt = rejection_accept(np.asarray(draft, dtype=np.int64), q, p, rng)
+        else:
+            n_acc, nxt = greedy_accept(np.asarray(draft, dtype=np.int64), logits)
+        if draft:
+            assert drafter is not None
+            drafter.observe(n_acc)
+            _record(result, _sources(drafter, len(draft)), n_acc)
+            control.observe(len(draft), n_acc, t_target - t_draft, t_done - t_target)
+        for tok in [*draft[:n_acc], nxt]:  # commit token by token so every stop lands exactly
+            if tok in eos_ids:
+                reason = "eos"
+                break
+            out.append(tok)
+            seq.append(tok)
+            if stop is not None and stop(out):
+                reason = "stop"
+                break
+            if len(out) >= settings.max_new_tokens:
+                reason = "max_tokens"
+                break
+        # Valid cache positions: the base, the fed last token, and the accepted drafts, cut to seq.
+        target.truncate(min(base + 1 + n_acc, len(seq) - (0 if reason else 1)))
+        if not reason and settings.deadline_s is not None and clock() - t_decode >= settings.deadline_s:
+            reason = "deadline"
+    result.stop_reason = reason
+    result.decode_ms = (clock() - t_decode) * 1e3
+    log.debug(
+        "generate: %d tokens, %d passes, %d/%d accepted, stop=%s",
+        len(out),
+        result.target_passes,
+        result.accepted,
+        result.drafted,
+        reason,
+    )
+    return result
