@@ -1,0 +1,163 @@
+"""``specls complete FILE --line L --character C``: one completion at an LSP-style position (0-based line,
+character in UTF-16 code units), printed to stdout; ``--stats`` adds a speculation summary on stderr,
+``--json`` prints one JSON object instead."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+class PositionError(ValueError):
+    """A line/character outside the document."""
+
+
+def offset_of(text: str, line: int, character: int) -> int:
+    """The str index of an LSP position (lines split at \\n, \\r\\n or \\r; character counted in UTF-16
+    code units). Raises PositionError when the position is outside the text or inside a surrogate
+    pair."""
+    if line < 0 or character < 0:
+        raise PositionError(f"position {line}:{character} is negative")
+    start = 0
+    for _ in range(line):
+        m = _LINE_BREAK.search(text, start)
+        if m is None:
+            raise PositionError(f"line {line} is past the end of the file ({_count_lines(text)} lines)")
+        start = m.end()
+    m = _LINE_BREAK.search(text, start)
+    end = m.start() if m is not None else len(text)
+    units = 0
+    i = start
+    while units < character:
+        if i >= end:
+            raise PositionError(
+                f"character {character} is past the end of line {line} ({units} UTF-16 units)"
+            )
+        units += 2 if ord(text[i]) > 0xFFFF else 1
+        i += 1
+    if units != character:
+        raise PositionError(f"character {character} of line {line} splits a surrogate pair")
+    return i
+
+
+def _count_lines(text: str) -> int:
+    return len(_LINE_BREAK.findall(text)) + 1
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"specls complete: {message}\n")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("complete", help="complete a file at a position (prints the completion)")
+    p.add_argument("file", type=Path)
+    p.add_argument("--line", type=int, required=True, help="0-based line")
+    p.add_argument("--character", type=int, required=True, help="0-based character (UTF-16 code units)")
+    p.add_argument("--model", default=None, help="target model dir (default: bundled)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--draft", default=None, help="draft model dir (default: bundled)")
+    g.add_argument("--no-draft", action="store_true", help="no draft model")
+    p.add_argument("--no-lookup", action="store_true", help="no prompt-lookup drafting")
+    p.add_argument("--no-speculation", action="store_true", help="plain greedy decoding (reference)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--gamma", type=int, default=None, help="initial draft length")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: cores, max 4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--stats", action="store_true", help="speculation summary on stderr")
+    p.set_defaults(func=run)
+
+
+def default_threads() -> int:
+    import os
+
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def run(args: argparse.Namespace) -> int:
+    from specls.decoder.api import CompletionRequest, EngineError
+    from specls.engine import EngineSettings, OnnxEngine, result_to_dict
+
+    path: Path = args.file
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        _err(f"cannot read {path}: {exc.strerror or exc}")
+        return 2
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        offset = offset_of(text, args.line, args.character)
+    except PositionError as exc:
+        _err(f"{path}: {exc}")
+        return 2
+    if args.max_tokens < 0 or (args.threads is not None and args.threads < 1) or args.temperature < 0:
+        _err("--max-tokens, --threads and --temperature must not be negative")
+        return 2
+    base = EngineSettings()
+    settings = EngineSettings(
+        target_dir=args.model,
+        draft_dir=args.draft,
+        use_draft=not args.no_draft,
+        use_lookup=not args.no_lookup,
+        speculate=not args.no_speculation,
+        gamma=args.gamma if args.gamma is not None else base.gamma,
+        threads=args.threads or default_threads(),
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    engine = OnnxEngine(settings)
+    try:
+        engine.load()
+    except EngineError as exc:
+        _err(str(exc))
+        return 2
+    doc_id = path.resolve().as_uri()
+    engine.update_document(doc_id, text)
+    request = CompletionRequest(
+        doc_id=doc_id, prefix=text[:offset], suffix=text[offset:], max_tokens=args.max_tokens
+    )
+    try:
+        result = engine.complete(request)
+    except EngineError as exc:
+        _err(str(exc))
+        return 2
+    if args.json:
+        sys.stdout.write(json.dumps(result_to_dict(result)) + "\n")
+    else:
+        sys.stdout.write(result.text)
+        if not result.text.endswith("\n"):
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+    if args.stats:
+        sys.stderr.write(format_stats(result_to_dict(result)) + "\n")
+    return 0
+
+
+def format_stats(r: dict[str, Any]) -> str:
+    """A short human summary of one completion's speculation numbers."""
+    passes = int(r.get("target_passes") or 0)
+    tokens = int(r.get("tokens") or 0)
+    drafted = int(r.get("drafted") or 0)
+    accepted = int(r.get("accepted") or 0)
+    lines = [
+        f"tokens {tokens} in {passes} target passes = {tokens / passes if passes else 0.0:.2f} tokens/pass"
+        f" (stop: {r.get('stop_reason')})",
+        f"drafted {drafted}, accepted {accepted} ({100.0 * accepted / drafted if drafted else 0.0:.0f}%)",
+    ]
+    for name, d in sorted((r.get("per_drafter") or {}).items()):
+        dr, ac = int(d.get("drafted", 0)), int(d.get("accepted", 0))
+        lines.append(f"  {name:8s} drafted {dr:4d} accepted {ac:4d} ({100.0 * ac / dr if dr else 0.0:.0f}%)")
+    decode_ms = float(r.get("decode_ms") or 0.0)
+    lines.append(
+        f"prefill {r.get('prefill_tokens')} tokens {float(r.get('prefill_ms') or 0.0):.1f} ms, decode "
+        f"{decode_ms:.1f} ms ({1e3 * tokens / decode_ms if decode_ms > 0 else 0.0:.0f} tokens/s), "
+        f"provider {r.get('provider')}"
+    )
+    return "\n".join(lines)

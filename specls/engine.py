@@ -1,0 +1,717 @@
+"""The in-process completion engine: ONNX target (+ draft) model, speculative decoding, and the reuse
+that makes completion-while-typing cheap.
+
+Per request: build the FIM prompt (``specls.prompt``), answer from the finished-completion LRU if the
+same prompt was completed before (zero model calls), else decode with ``specls.decoder.loop.generate``
+on the document's own target KV cache truncated to the longest common token prefix with the previous
+request (only new tokens are prefilled). Drafters: prompt lookup over every open buffer (an incremental
+n-gram index) + the draft model (hybrid), and in front of them the document's previous completion when
+the user typed its beginning ("completion reuse": typing through a suggestion costs about one target
+pass). Greedy output equals plain greedy decoding of the target whatever the drafters propose.
+
+Threading: ``complete`` runs in one worker thread at a time (serialised by a lock);
+``update_document``/``close_document`` may come from any thread (they only touch pending state under
+a short lock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specls.decoder.api import (
+    CancelCheck,
+    CausalLM,
+    CompletionRequest,
+    CompletionResult,
+    DecodeResult,
+    DecodeSettings,
+    Drafter,
+    DrafterStats,
+    EngineError,
+    KVCache,
+    never_cancelled,
+)
+from specls.prompt import (
+    FimTokens,
+    Prompt,
+    PromptBudget,
+    PromptBuilder,
+    TextTokenizer,
+    fim_tokens_from_template,
+    longest_common_prefix,
+    visible_text,
+)
+
+logger = logging.getLogger(__name__)
+
+REUSE = "reuse"  # per_drafter key of the completion-reuse drafter
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the in-process engine loads and decodes."""
+
+    target_dir: str | None = None  # None = the bundled target
+    draft_dir: str | None = None  # None = the bundled draft
+    use_draft: bool = True
+    use_lookup: bool = True
+    speculate: bool = True  # False = plain greedy reference path (no drafter at all)
+    completion_reuse: bool = True
+    prefix_reuse: bool = True
+    gamma: int = 5
+    gamma_max: int = 12
+    adaptive_gamma: bool = True
+    min_speedup: float = 1.0  # the loop's "speculation pays" check (0 = never switch drafting off)
+    threads: int = 1
+    provider: str = "auto"
+    temperature: float = 0.0
+    seed: int | None = None
+    deadline_s: float | None = None
+    budget: PromptBudget = field(default_factory=PromptBudget)
+    lru_size: int = 128  # finished completions kept (greedy only)
+    kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
+    reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
+
+
+@dataclass
+class LoadedModels:
+    """What ``load`` produces; tests and the benchmark can build it from other parts."""
+
+    target: CausalLM
+    tokenizer: TextTokenizer
+    fim: FimTokens
+    eos_ids: frozenset[int]
+    draft: CausalLM | None = None
+    provider: str = "cpu"
+    max_positions: int = 1024
+
+
+@dataclass
+class _LastCompletion:
+    prefix: str
+    suffix: str
+    text: str  # everything generated (before any stop cut): more draft material
+
+
+@dataclass
+class _DocState:
+    cache: KVCache | None = None
+    tokens: list[int] = field(default_factory=list)  # what ``cache`` holds
+    draft_drafter: Drafter | None = None  # keeps its own draft KV cache across requests
+    last: _LastCompletion | None = None
+
+
+@dataclass
+class _LruEntry:
+    tokens: list[int]
+    stop_reason: str
+
+
+@dataclass
+class _Counters:
+    requests: int = 0
+    cancelled: int = 0
+    empty: int = 0
+    errors: int = 0
+    tokens: int = 0
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    prefix_reuse_hits: int = 0
+    completion_reuse_hits: int = 0
+    cache_hits: int = 0
+    draft_ms: float = 0.0
+    per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
+
+
+class CompletionReuseDrafter:
+    """Proposes the rest of the previous completion: the generated text so far must be a prefix of
+    ``remainder`` (the old completion minus what the user typed since); then the tokens of what is left
+    are the proposal. A deterministic guess (point mass)."""
+
+    name = REUSE
+
+    def __init__(self, tokenizer: TextTokenizer, prompt_len: int, remainder: str, max_draft: int) -> None:
+        self._tok = tokenizer
+        self._prompt_len = prompt_len
+        self._remainder = remainder
+        self._max = max_draft
+        self._cache: tuple[int, list[int]] | None = None  # (generated count, proposal tokens)
+        self._dead = False
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        if self._dead or k <= 0:
+            return []
+        generated = list(context[self._prompt_len :])
+        if self._cache is not None and self._cache[0] == len(generated):
+            return self._cache[1][:k]
+        text = self._tok.decode(generated) if generated else ""
+        if "\ufffd" in text or not self._remainder.startswith(text):
+            self._dead = True
+            return []
+        rest = self._remainder[len(text) :]
+        tokens = self._tok.encode(rest)[: self._max] if rest else []
+        if not tokens:
+            self._dead = True
+        self._cache = (len(generated), tokens)
+        return tokens[:k]
+
+    def observe(self, n_accepted: int) -> None:
+        if self._cache is not None and n_accepted < len(self._cache[1]):
+            pass  # the next propose re-checks the text; a rejected draft makes it stop proposing
+
+    def proposal_probs(self) -> np.ndarray | None:
+        return None
+
+
+class _ReuseFirst:
+    """Completion reuse first, then the regular drafter (whose proposals are clipped to ``inner_k``)."""
+
+    def __init__(self, reuse: CompletionReuseDrafter, inner: Drafter | None, inner_k: int) -> None:
+        self.name = REUSE if inner is None else f"{REUSE}+{inner.name}"
+        self._reuse = reuse
+        self._inner = inner
+        self._inner_k = inner_k
+        self._from_reuse = False
+        self._n = 0
+
+    def begin(self, settings: DecodeSettings) -> None:
+        begin = getattr(self._inner, "begin", None)
+        if begin is not None:
+            begin(settings)
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        out = self._reuse.propose(context, k)
+        self._from_reuse = bool(out)
+        if not out and self._inner is not None:
+            out = self._inner.propose(context, min(k, self._inner_k))
+        self._n = len(out)
+        return out
+
+    def observe(self, n_accepted: int) -> None:
+        if self._from_reuse:
+            self._reuse.observe(n_accepted)
+        elif self._inner is not None:
+            self._inner.observe(n_accepted)
+
+    def proposal_probs(self) -> np.ndarray | None:
+        if self._from_reuse or self._inner is None:
+            return None
+        return self._inner.proposal_probs()
+
+    def proposal_sources(self) -> Sequence[str]:
+        if self._from_reuse or self._inner is None:
+            return [REUSE] * self._n
+        get = getattr(self._inner, "proposal_sources", None)
+        names = list(get()) if get is not None else []
+        return names if len(names) >= self._n else [self._inner.name] * self._n
+
+
+class _TimedDrafter:
+    """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.ms = 0.0
+
+    def begin(self, settings: DecodeSettings) -> None:
+        begin = getattr(self._inner, "begin", None)
+        if begin is not None:
+            begin(settings)
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        t0 = time.perf_counter()
+        try:
+            return self._inner.propose(context, k)
+        finally:
+            self.ms += (time.perf_counter() - t0) * 1e3
+
+    def observe(self, n_accepted: int) -> None:
+        t0 = time.perf_counter()
+        self._inner.observe(n_accepted)
+        self.ms += (time.perf_counter() - t0) * 1e3
+
+    def proposal_probs(self) -> np.ndarray | None:
+        return self._inner.proposal_probs()
+
+    def proposal_sources(self) -> Sequence[str]:
+        get = getattr(self._inner, "proposal_sources", None)
+        return list(get()) if get is not None else []
+
+
+class _TextStop:
+    """The loop's token-level stop built from the request's text-level one: decodes the generated tokens
+    incrementally (a UTF-8 character split across tokens is held back until complete) and records where
+    the request's ``stop`` cut the text."""
+
+    def __init__(self, tokenizer: TextTokenizer, stop: Callable[[str], int | None]) -> None:
+        self._tok = tokenizer
+        self._stop = stop
+        self.cut: int | None = None
+        self.text = ""
+
+    def __call__(self, tokens: list[int]) -> bool:
+        self.text = visible_text(self._tok.decode(tokens))
+        try:
+            cut = self._stop(self.text)
+        except Exception:  # a broken stop function must not kill the completion
+            logger.exception("stop function failed; ignoring it")
+            return False
+        if cut is None:
+            return False
+        self.cut = max(0, min(int(cut), len(self.text)))
+        return True
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def _merge_stats(into: dict[str, DrafterStats], new: dict[str, DrafterStats]) -> None:
+    for name, s in new.items():
+        t = into.setdefault(name, DrafterStats())
+        t.drafted += s.drafted
+        t.accepted += s.accepted
+        t.proposals += s.proposals
+
+
+class OnnxEngine:
+    """The in-process Engine (see the module docstring)."""
+
+    def __init__(self, settings: EngineSettings, models: LoadedModels | None = None) -> None:
+        self.settings = settings
+        self._models = models
+        self._lock = threading.Lock()  # documents, pending texts, counters
+        self._run_lock = threading.Lock()  # one complete() at a time
+        self._docs: OrderedDict[str, _DocState] = OrderedDict()
+        self._pending: dict[str, str | None] = {}  # doc -> new text (None = closed) not yet indexed
+        self._lru: OrderedDict[bytes, _LruEntry] = OrderedDict()
+        self._counters = _Counters()
+        self._latency_ms: deque[float] = deque(maxlen=2000)
+        self._index: Any = None
+        self._builder: PromptBuilder | None = None
+        # the last computed request's prompt and generated tokens (benchmarks and debugging)
+        self.last_prompt: list[int] = []
+        self.last_tokens: list[int] = []
+        if models is not None:
+            self._init_parts(models)
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    def load(self, progress: Callable[[str, float], None] | None = None) -> None:
+        if self._models is not None:
+            if progress:
+                progress("ready", 1.0)
+            return
+        say = progress or (lambda message, fraction: None)
+        s = self.settings
+        try:
+            from specls.models.loader import load_model, resolve_model_dir
+            from specls.models.runtime import RuntimeSettings
+        except ImportError as exc:  # pragma: no cover - an incomplete install
+            raise EngineError(f"the model runtime is not available: {exc}") from exc
+        runtime = RuntimeSettings(threads=s.threads, provider=s.provider)
+        try:
+            say("loading target model", 0.05)
+            target_dir = resolve_model_dir(s.target_dir, "target")
+            target = load_model(target_dir, runtime)
+            draft = None
+            if s.speculate and s.use_draft:
+                say("loading draft model", 0.6)
+                draft_dir = resolve_model_dir(s.draft_dir, "draft")
+                draft = load_model(draft_dir, runtime)
+                if draft.vocab_size != target.vocab_size:
+                    raise EngineError(
+                        f"draft model {draft_dir} has vocab {draft.vocab_size}, target has "
+                        f"{target.vocab_size}: they must share a tokenizer"
+                    )
+        except EngineError:
+            raise
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise EngineError(f"cannot load model: {exc}") from exc
+        spec = target.spec
+        tokenizer = target.tokenizer
+        try:
+            fim = fim_tokens_from_template(spec.fim, tokenizer)
+        except ValueError as exc:
+            raise EngineError(f"model {target_dir}: {exc}") from exc
+        eos = set(getattr(spec, "eos_token_ids", ()) or ()) | set(fim.eos_ids)
+        # any FIM special token in the middle means the model thinks the middle is over
+        eos |= {fim.prefix_id, fim.suffix_id, fim.middle_id}
+        if fim.file_sep_id is not None:
+            eos.add(fim.file_sep_id)
+        models = LoadedModels(
+            target=target,
+            tokenizer=tokenizer,
+            fim=fim,
+            eos_ids=frozenset(eos),
+            draft=draft,
+            provider=str(getattr(target, "provider", "cpu")),
+            max_positions=int(getattr(spec, "max_positions", 0) or getattr(spec, "max_position", 0) or 1024),
+        )
+        self._init_parts(models)
+        self._models = models
+        say("ready", 1.0)
+
+    def _init_parts(self, models: LoadedModels) -> None:
+        from specls.decoder.ngram import NgramIndex
+
+        self._builder = PromptBuilder(models.tokenizer, models.fim, self.settings.budget)
+        self._index = NgramIndex()
+
+    @property
+    def ready(self) -> bool:
+        return self._models is not None
+
+    @property
+    def models(self) -> LoadedModels:
+        if self._models is None:
+            raise EngineError("the engine is not loaded")
+        return self._models
+
+    # -- documents -------------------------------------------------------------------------------
+
+    def update_document(self, doc_id: str, text: str) -> None:
+        with self._lock:
+            self._pending[doc_id] = text
+
+    def close_document(self, doc_id: str) -> None:
+        with self._lock:
+            self._pending[doc_id] = None
+            self._docs.pop(doc_id, None)  # frees its KV caches (a running request keeps its own ref)
+
+    def _flush_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if self._index is None or self._models is None:
+            return
+        for doc_id, text in pending.items():
+            if text is None:
+                self._index.remove(doc_id)
+            else:
+                self._index.update(doc_id, self._models.tokenizer.encode(text))
+
+    def _doc(self, doc_id: str) -> _DocState:
+        with self._lock:
+            state = self._docs.get(doc_id)
+            if state is None:
+                state = _DocState()
+                self._docs[doc_id] = state
+            self._docs.move_to_end(doc_id)
+            while len(self._docs) > max(1, self.settings.kv_documents):
+                self._docs.popitem(last=False)
+            return state
+
+    # -- completion ------------------------------------------------------------------------------
+
+    def complete(
+        self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
+    ) -> CompletionResult:
+        models = self.models
+        with self._run_lock:
+            t0 = time.perf_counter()
+            try:
+                result = self._complete(models, request, cancelled)
+            except EngineError:
+                with self._lock:
+                    self._counters.errors += 1
+                raise
+            ms = (time.perf_counter() - t0) * 1e3
+            with self._lock:
+                c = self._counters
+                c.requests += 1
+                c.cancelled += int(result.cancelled)
+                c.empty += int(not result.text)
+                if not result.cancelled:
+                    self._latency_ms.append(ms)
+            return result
+
+    def _complete(
+        self, models: LoadedModels, request: CompletionRequest, cancelled: CancelCheck
+    ) -> CompletionResult:
+        s = self.settings
+        provider = models.provider
+        if request.max_tokens <= 0:
+            return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
+        if cancelled():
+            return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider=provider)
+        self._flush_pending()
+        assert self._builder is not None
+        prompt = self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
+        max_new = min(request.max_tokens, models.max_positions - len(prompt.tokens))
+        if max_new <= 0:
+            logger.warning("prompt of %d tokens leaves no room to generate", len(prompt.tokens))
+            return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
+        state = self._doc(request.doc_id)
+        greedy = s.temperature <= 0.0
+        key = self._lru_key(prompt.tokens, max_new) if greedy and s.lru_size > 0 else None
+
+        # 1. the finished-completion LRU: zero model calls
+        if key is not None:
+            hit = self._lru_lookup(key, request)
+            if hit is not None:
+                text, raw, reason, n_tokens = hit
+                state.last = _LastCompletion(request.prefix, request.suffix, raw)
+                with self._lock:
+                    self._counters.cache_hits += 1
+                    self._counters.prompt_tokens += len(prompt.tokens)
+                return CompletionResult(
+                    text=text, tokens=n_tokens, stop_reason=reason, cache_hit=True, provider=provider
+                )
+
+        # 2. the document's KV cache, truncated to the longest common token prefix
+        cache = state.cache
+        if cache is None or not s.prefix_reuse:
+            cache = models.target.new_cache()
+            state.cache, state.tokens = cache, []
+        keep = longest_common_prefix(state.tokens, prompt.tokens) if s.prefix_reuse else 0
+        keep = min(keep, cache.length)
+        cache.truncate(keep)
+        state.tokens = state.tokens[:keep]
+
+        # 3. drafters
+        drafter, reuse = self._drafter(models, state, request, prompt)
+        settings = self._decode_settings(max_new, reuse, request.speculation_cap)
+        if settings.gamma_max <= 0:
+            drafter, reuse = None, False
+        stop = _TextStop(models.tokenizer, request.stop) if request.stop is not None else None
+
+        try:
+            out = self._generate(models, cache, prompt.tokens, drafter, settings, cancelled, stop)
+        except Exception as exc:
+            # the cache may be half-updated: drop it, the next request starts cold
+            state.cache, state.tokens = None, []
+            if isinstance(exc, EngineError):
+                raise
+            raise EngineError(f"generation failed: {exc}") from exc
+        full = [*prompt.tokens, *out.tokens]
+        self.last_prompt, self.last_tokens = list(prompt.tokens), list(out.tokens)
+        state.tokens = full[: cache.length]
+
+        raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
+        text = raw
+        if stop is not None and stop.cut is not None:
+            text = stop.text[: stop.cut]
+        cancelled_now = out.stop_reason == "cancelled"
+        state.last = _LastCompletion(request.prefix, request.suffix, raw) if raw else state.last
+        if key is not None and out.stop_reason in ("eos", "max_tokens", "stop"):
+            self._lru_store(key, _LruEntry(list(out.tokens), out.stop_reason))
+
+        reused = len(prompt.tokens) - out.prefill_tokens
+        draft_ms = drafter.ms if isinstance(drafter, _TimedDrafter) else 0.0
+        with self._lock:
+            c = self._counters
+            c.tokens += len(out.tokens)
+            c.target_passes += out.target_passes
+            c.drafted += out.drafted
+            c.accepted += out.accepted
+            c.prompt_tokens += len(prompt.tokens)
+            c.prefill_tokens += out.prefill_tokens
+            c.prefix_reused_tokens += reused
+            c.prefix_reuse_hits += int(reused > 0)
+            c.completion_reuse_hits += int(reuse)
+            c.draft_ms += draft_ms
+            _merge_stats(c.per_drafter, out.per_drafter)
+        return CompletionResult(
+            text=text,
+            tokens=len(out.tokens),
+            stop_reason=out.stop_reason,
+            cancelled=cancelled_now,
+            target_passes=out.target_passes,
+            drafted=out.drafted,
+            accepted=out.accepted,
+            per_drafter=out.per_drafter,
+            prefill_tokens=out.prefill_tokens,
+            prefill_ms=out.prefill_ms,
+            decode_ms=out.decode_ms,
+            prefix_reused_tokens=reused,
+            completion_reuse=reuse,
+            cache_hit=False,
+            provider=provider,
+        )
+
+    def _generate(
+        self,
+        models: LoadedModels,
+        cache: KVCache,
+        prompt: list[int],
+        drafter: Drafter | None,
+        settings: DecodeSettings,
+        cancelled: CancelCheck,
+        stop: _TextStop | None,
+    ) -> DecodeResult:
+        from specls.decoder.loop import generate
+
+        return generate(cache, prompt, drafter, settings, models.eos_ids, cancelled, stop)
+
+    def _decode_settings(self, max_new: int, reuse: bool, cap: int | None) -> DecodeSettings:
+        s = self.settings
+        gamma_max = max(s.gamma_max, s.reuse_max_draft) if reuse else s.gamma_max
+        gamma = gamma_max if reuse else s.gamma
+        if cap is not None:  # a scheduler under load bounds speculation (0 = off)
+            gamma_max, gamma = min(gamma_max, max(0, cap)), min(gamma, max(0, cap))
+        return DecodeSettings(
+            max_new_tokens=max_new,
+            gamma=gamma,
+            gamma_min=1,
+            gamma_max=gamma_max,
+            adaptive_gamma=s.adaptive_gamma,
+            temperature=s.temperature,
+            seed=s.seed,
+            deadline_s=s.deadline_s,
+            min_speedup=s.min_speedup,
+        )
+
+    def _drafter(
+        self, models: LoadedModels, state: _DocState, request: CompletionRequest, prompt: Prompt
+    ) -> tuple[Drafter | None, bool]:
+        """The drafter for this request (None = plain greedy) and whether completion reuse is on."""
+        s = self.settings
+        if not s.speculate:
+            return None, False
+        from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+
+        lookup = None
+        if s.use_lookup and self._index is not None:
+            lookup = PromptLookupDrafter(self._index, suffix=prompt.suffix_tokens)
+        model = None
+        if s.use_draft and models.draft is not None:
+            if state.draft_drafter is None:
+                state.draft_drafter = DraftModelDrafter(models.draft)
+            model = state.draft_drafter
+        inner: Drafter | None
+        if lookup is not None and model is not None:
+            inner = HybridDrafter(lookup, model)
+        else:
+            inner = lookup if lookup is not None else model
+        reuse_drafter = self._reuse_drafter(models, state, request, prompt)
+        drafter: Drafter | None = inner
+        if reuse_drafter is not None:
+            drafter = _ReuseFirst(reuse_drafter, inner, s.gamma_max)
+        if drafter is None:
+            return None, False
+        return _TimedDrafter(drafter), reuse_drafter is not None
+
+    def _reuse_drafter(
+        self, models: LoadedModels, state: _DocState, request: CompletionRequest, prompt: Prompt
+    ) -> CompletionReuseDrafter | None:
+        last = state.last
+        if not self.settings.completion_reuse or last is None or not last.text:
+            return None
+        if request.suffix != last.suffix or not request.prefix.startswith(last.prefix):
+            return None
+        typed = request.prefix[len(last.prefix) :]
+        if not last.text.startswith(typed) or len(typed) >= len(last.text):
+            return None
+        return CompletionReuseDrafter(
+            models.tokenizer, len(prompt.tokens), last.text[len(typed) :], self.settings.reuse_max_draft
+        )
+
+    # -- the finished-completion LRU ---------------------------------------------------------------
+
+    @staticmethod
+    def _lru_key(tokens: Sequence[int], max_new: int) -> bytes:
+        h = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=16)
+        h.update(int(max_new).to_bytes(8, "little"))
+        return h.digest()
+
+    def _lru_store(self, key: bytes, entry: _LruEntry) -> None:
+        with self._lock:
+            self._lru[key] = entry
+            self._lru.move_to_end(key)
+            while len(self._lru) > self.settings.lru_size:
+                self._lru.popitem(last=False)
+
+    def _lru_lookup(self, key: bytes, request: CompletionRequest) -> tuple[str, str, str, int] | None:
+        """(text, raw text, stop reason, tokens) replayed from the LRU with this request's stop, or
+        None. An entry cut by another request's stop answers only if this stop cuts within it."""
+        with self._lock:
+            entry = self._lru.get(key)
+            if entry is not None:
+                self._lru.move_to_end(key)
+        if entry is None:
+            return None
+        tok = self.models.tokenizer
+        raw = visible_text(tok.decode(entry.tokens)) if entry.tokens else ""
+        if request.stop is not None:
+            stop = _TextStop(tok, request.stop)
+            for i in range(1, len(entry.tokens) + 1):
+                if stop(entry.tokens[:i]):
+                    assert stop.cut is not None
+                    return stop.text[: stop.cut], raw, "stop", i
+        if entry.stop_reason == "stop":
+            return None
+        return raw, raw, entry.stop_reason, len(entry.tokens)
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            c = self._counters
+            lat = list(self._latency_ms)
+            computed = max(1, c.requests - c.cache_hits)
+            kv_tokens = sum(d.cache.length for d in self._docs.values() if d.cache is not None)
+            return {
+                "requests": c.requests,
+                "cancelled": c.cancelled,
+                "empty": c.empty,
+                "errors": c.errors,
+                "tokens_generated": c.tokens,
+                "target_passes": c.target_passes,
+                "tokens_per_pass": c.tokens / c.target_passes if c.target_passes else 0.0,
+                "drafted": c.drafted,
+                "accepted": c.accepted,
+                "acceptance": c.accepted / c.drafted if c.drafted else 0.0,
+                "per_drafter": {
+                    name: {"drafted": d.drafted, "accepted": d.accepted, "proposals": d.proposals}
+                    for name, d in c.per_drafter.items()
+                },
+                "draft_ms": round(c.draft_ms, 3),
+                "prompt_tokens": c.prompt_tokens,
+                "prefill_tokens": c.prefill_tokens,
+                "prefix_reused_tokens": c.prefix_reused_tokens,
+                "prefix_reuse_hit_rate": c.prefix_reuse_hits / computed,
+                "completion_reuse_hits": c.completion_reuse_hits,
+                "completion_reuse_hit_rate": c.completion_reuse_hits / computed,
+                "cache_hits": c.cache_hits,
+                "cache_hit_rate": c.cache_hits / c.requests if c.requests else 0.0,
+                "latency_ms_p50": _percentile(lat, 50),
+                "latency_ms_p95": _percentile(lat, 95),
+                "documents": len(self._docs),
+                "kv_tokens": kv_tokens,
+                "provider": self._models.provider if self._models is not None else None,
+                "ready": self._models is not None,
+            }
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self._counters = _Counters()
+            self._latency_ms.clear()
+
+    def with_settings(self, settings: EngineSettings) -> OnnxEngine:
+        """A new engine sharing this one's loaded models (documents, caches and stats are its own)."""
+        return OnnxEngine(settings, self.models)
+
+
+def result_to_dict(result: CompletionResult) -> dict[str, Any]:
+    """A CompletionResult as plain JSON-able data."""
+    from dataclasses import asdict
+
+    d = asdict(result)
+    d["per_drafter"] = {k: asdict(v) for k, v in result.per_drafter.items()}
+    return d

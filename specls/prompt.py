@@ -1,0 +1,252 @@
+"""Prompt building for the in-process engine: FIM layout at the token level, with a token prefix that
+stays stable across keystrokes so the engine can reuse the KV cache of the previous request.
+
+Layout (token level; ``S`` = a special token):
+
+- context snippets (other open buffers), each ``S<file_sep> path\\n text`` when the template has a file
+  separator (skipped otherwise),
+- SPM: ``S<fim_prefix> S<fim_suffix> suffix S<fim_middle> prefix`` (StarCoder-style: the middle continues
+  the prefix), PSM: ``S<fim_prefix> prefix S<fim_suffix> suffix S<fim_middle>``.
+
+Stability: with SPM only the end of the prompt changes while the user types at the cursor. The prefix
+window's left edge is cut at absolute line numbers that are multiples of ``line_chunk``, so it moves in
+large jumps instead of on every keystroke. Each segment is tokenised on its own, starting at a line
+start, so appending characters at the cursor changes only the last few tokens (byte-level BPE merges never
+cross the pre-tokeniser's word boundaries); the engine re-checks the longest common token prefix anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+_LINE_RE = re.compile(r"[^\n]*\n|[^\n]+")
+
+
+class TextTokenizer(Protocol):
+    """What the engine needs from a tokenizer (``specls.models.tokenizer`` provides it)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class PromptBudget:
+    """Token budgets of the prompt's parts."""
+
+    prefix_tokens: int = 480
+    suffix_tokens: int = 160
+    context_tokens: int = 192
+    line_chunk: int = 16  # the prefix window's left edge moves in jumps of this many lines
+    min_snippet_tokens: int = 24  # a context snippet smaller than this is not worth its separator
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """The FIM template resolved to token ids of one tokenizer."""
+
+    order: str  # "psm" | "spm"
+    prefix_id: int
+    suffix_id: int
+    middle_id: int
+    file_sep_id: int | None = None
+    eos_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class Prompt:
+    """One request's prompt tokens and where its parts lie."""
+
+    tokens: list[int]
+    suffix_tokens: list[int] = field(default_factory=list)  # the suffix window (for suffix lookup)
+    prefix_start_line: int = 0  # first line of the document inside the prefix window
+    context_docs_used: int = 0
+
+
+def fim_tokens_from_template(template: object, tokenizer: TextTokenizer) -> FimTokens:
+    """Resolve a ``specls.models.fim.FimTemplate`` (duck-typed) against a tokenizer's vocabulary.
+
+    Raises ValueError naming the missing token."""
+
+    def tok_id(attr_names: Sequence[str], required: bool) -> int | None:
+        for attr in attr_names:
+            text = getattr(template, attr, None)
+            if isinstance(text, str) and text:
+                tid = tokenizer.token_to_id(text)
+                if tid is None:
+                    if required:
+                        raise ValueError(f"FIM token {text!r} ({attr}) is not in the tokenizer's vocabulary")
+                    return None
+                return tid
+        if required:
+            raise ValueError(f"FIM template has none of the fields {list(attr_names)}")
+        return None
+
+    prefix_id = tok_id(("prefix", "prefix_token", "fim_prefix"), True)
+    suffix_id = tok_id(("suffix", "suffix_token", "fim_suffix"), True)
+    middle_id = tok_id(("middle", "middle_token", "fim_middle"), True)
+    file_sep_id = tok_id(("file_sep", "file_separator", "file_sep_token"), False)
+    eos: set[int] = set()
+    for attr in ("eos", "eos_tokens", "eos_strings"):
+        value = getattr(template, attr, None)
+        strings = [value] if isinstance(value, str) else list(value or ())
+        for s in strings:
+            tid = tokenizer.token_to_id(s)
+            if tid is not None:
+                eos.add(tid)
+    order = str(getattr(template, "order", "psm")).lower()
+    if order not in ("psm", "spm"):
+        raise ValueError(f"unknown FIM order {order!r}")
+    assert prefix_id is not None and suffix_id is not None and middle_id is not None
+    return FimTokens(order, prefix_id, suffix_id, middle_id, file_sep_id, frozenset(eos))
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their '\\n' kept (only '\\n' splits: the tokenizer sees '\\r' as text)."""
+    return _LINE_RE.findall(text)
+
+
+class PromptBuilder:
+    """Builds prompt token lists; keeps a cache of per-line token counts (for the budgets)."""
+
+    def __init__(self, tokenizer: TextTokenizer, fim: FimTokens, budget: PromptBudget) -> None:
+        self._tok = tokenizer
+        self.fim = fim
+        self.budget = budget
+        self._counts: dict[str, int] = {}
+
+    # -- token counting -------------------------------------------------------------------------
+
+    def _count(self, line: str) -> int:
+        n = self._counts.get(line)
+        if n is None:
+            if len(self._counts) > 200_000:
+                self._counts.clear()
+            n = len(self._tok.encode(line)) if line else 0
+            self._counts[line] = n
+        return n
+
+    # -- windows ----------------------------------------------------------------------------------
+
+    def prefix_window(self, prefix: str) -> tuple[list[int], int]:
+        """Tokens of the tail of ``prefix`` within the budget, starting at a line that is a multiple
+        of ``line_chunk`` when possible. Returns (tokens, first line index)."""
+        budget = self.budget.prefix_tokens
+        if budget <= 0 or not prefix:
+            return [], 0
+        lines = split_lines(prefix)
+        counts = [self._count(line) for line in lines]
+        # suffix sums: tail[i] = tokens of lines[i:]
+        tail = [0] * (len(lines) + 1)
+        for i in range(len(lines) - 1, -1, -1):
+            tail[i] = tail[i + 1] + counts[i]
+        chunk = max(1, self.budget.line_chunk)
+        start = 0
+        while start < len(lines) and tail[start] > budget:
+            start += chunk
+        if start >= len(lines):  # the last chunk alone is too big: fall back to single lines
+            start = max(0, (len(lines) - 1) // chunk * chunk)
+            while start < len(lines) - 1 and tail[start] > budget:
+                start += 1
+        tokens = self._tok.encode("".join(lines[start:]))
+        if len(tokens) > budget:  # per-line counts are an estimate; a very long line needs a hard cut
+            tokens = tokens[len(tokens) - budget :]
+        return tokens, start
+
+    def suffix_window(self, suffix: str) -> list[int]:
+        """Tokens of the head of ``suffix`` within the budget, cut at a line end when possible."""
+        budget = self.budget.suffix_tokens
+        if budget <= 0 or not suffix:
+            return []
+        return self._head(suffix, budget)
+
+    def _head(self, text: str, budget: int) -> list[int]:
+        lines = split_lines(text)
+        used = 0
+        end = 0
+        for line in lines:
+            n = self._count(line)
+            if used + n > budget:
+                break
+            used += n
+            end += 1
+        if end == 0:  # first line alone is over budget: hard cut
+            return self._tok.encode(lines[0])[:budget] if lines else []
+        tokens = self._tok.encode("".join(lines[:end]))
+        return tokens[:budget]
+
+    def context_snippets(
+        self, context_docs: Sequence[tuple[str, str]], exclude: str, budget: int
+    ) -> tuple[list[int], int]:
+        """``S<file_sep> path\\n head-of-text`` for each other buffer while the budget lasts."""
+        if self.fim.file_sep_id is None or budget <= 0:
+            return [], 0
+        out: list[int] = []
+        used = 0
+        for uri, text in context_docs:
+            if uri == exclude or not text.strip():
+                continue
+            header = self._tok.encode(f"{_display_path(uri)}\n")
+            room = budget - used - 1 - len(header)
+            if room < self.budget.min_snippet_tokens:
+                continue
+            body = self._head(text, room)
+            if len(body) < self.budget.min_snippet_tokens and len(body) < self._count(text):
+                continue
+            out += [self.fim.file_sep_id, *header, *body]
+            used = len(out)
+        docs = out.count(self.fim.file_sep_id)
+        return out, docs
+
+    # -- the prompt -------------------------------------------------------------------------------
+
+    def build(
+        self,
+        prefix: str,
+        suffix: str,
+        context_docs: Sequence[tuple[str, str]] = (),
+        doc_id: str = "",
+    ) -> Prompt:
+        fim = self.fim
+        suffix_tokens = self.suffix_window(suffix)
+        prefix_tokens, start_line = self.prefix_window(prefix)
+        context, n_docs = self.context_snippets(context_docs, doc_id, self.budget.context_tokens)
+        if fim.order == "spm":
+            # [context] <fim_prefix><fim_suffix> suffix <fim_middle> prefix -> middle
+            tokens = [*context, fim.prefix_id, fim.suffix_id, *suffix_tokens, fim.middle_id, *prefix_tokens]
+        else:
+            # [context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle> -> middle
+            tokens = [*context, fim.prefix_id, *prefix_tokens, fim.suffix_id, *suffix_tokens, fim.middle_id]
+        return Prompt(tokens, suffix_tokens, start_line, n_docs)
+
+
+def _display_path(uri: str) -> str:
+    for scheme in ("file://", "untitled:"):
+        if uri.startswith(scheme):
+            return uri[len(scheme) :]
+    return uri
+
+
+def visible_text(text: str) -> str:
+    """Drop a trailing incomplete UTF-8 character (byte-level BPE decodes it to U+FFFD)."""
+    return text.rstrip("\ufffd")
+
+
+def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    # compare in blocks first: prompts share hundreds of tokens
+    step = 64
+    while i + step <= n and list(a[i : i + step]) == list(b[i : i + step]):
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

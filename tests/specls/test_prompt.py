@@ -1,0 +1,93 @@
+"""Prompt layout, budgets and the stability of the token prefix across keystrokes."""
+
+from __future__ import annotations
+
+from specls.prompt import PromptBudget, PromptBuilder, longest_common_prefix, split_lines, visible_text
+from tests.specls.fakes import SOURCE, CharTokenizer, char_fim
+
+
+def builder(order: str = "spm", **budget: int) -> tuple[PromptBuilder, CharTokenizer]:
+    tok = CharTokenizer()
+    return PromptBuilder(tok, char_fim(tok, order), PromptBudget(**budget)), tok
+
+
+def test_spm_layout_suffix_first_prefix_last() -> None:
+    b, tok = builder("spm")
+    p = b.build("def f(x):\n    return ", "\n\nprint(f(1))\n")
+    fim = b.fim
+    text = tok.decode(p.tokens)
+    assert text == "<fim_prefix><fim_suffix>\n\nprint(f(1))\n<fim_middle>def f(x):\n    return "
+    assert p.tokens[0] == fim.prefix_id  # Not fim.suffix_id first: StarCoder-style SPM
+    assert p.suffix_tokens == tok.encode("\n\nprint(f(1))\n")
+
+
+def test_psm_layout() -> None:
+    b, tok = builder("psm")
+    p = b.build("a = ", "\nb = 2\n")
+    assert tok.decode(p.tokens) == "<fim_prefix>a = <fim_suffix>\nb = 2\n<fim_middle>"
+
+
+def test_typing_at_cursor_keeps_token_prefix() -> None:
+    b, _ = builder("spm", prefix_tokens=200, suffix_tokens=64, line_chunk=4)
+    cut = SOURCE.index("total = 0") + len("total")
+    prefix, suffix = SOURCE[:cut], SOURCE[cut:]
+    prev = b.build(prefix, suffix).tokens
+    for ch in " = 0\n    fo":
+        prefix += ch
+        cur = b.build(prefix, suffix).tokens
+        # only the appended character differs: the whole previous prompt is a prefix of the new one
+        assert longest_common_prefix(prev, cur) == len(prev)  # Not len(prev) - k: BPE boundaries moved
+        prev = cur
+
+
+def test_prefix_window_edge_moves_in_line_chunks() -> None:
+    b, tok = builder("spm", prefix_tokens=120, suffix_tokens=0, line_chunk=4)
+    lines = [f"x{i} = {i}\n" for i in range(200)]  # 7-8 tokens a line
+    starts = set()
+    for n in range(20, 200):
+        tokens, start = b.prefix_window("".join(lines[:n]))
+        assert len(tokens) <= 120
+        assert start % 4 == 0  # Not an arbitrary line: the edge moves in jumps of line_chunk
+        assert tok.decode(tokens) == "".join(lines[start:n])
+        starts.add(start)
+    assert len(starts) > 5  # it did move
+
+
+def test_huge_single_line_is_hard_cut_to_budget() -> None:
+    b, tok = builder("spm", prefix_tokens=50, suffix_tokens=30)
+    p = b.build("y = '" + "a" * 1000, "b" * 500 + "'\n")
+    assert len(p.suffix_tokens) == 30
+    assert len(p.tokens) == 3 + 30 + 50
+    assert tok.decode(p.tokens).endswith("a" * 50)
+
+
+def test_suffix_cut_at_line_end() -> None:
+    b, tok = builder("spm", suffix_tokens=20)
+    toks = b.suffix_window("first line\nsecond line\nthird\n")
+    assert tok.decode(toks) == "first line\n"  # Not "first line\nsecond li": cut at a line end
+
+
+def test_context_snippets_with_file_separator() -> None:
+    b, tok = builder("spm", context_tokens=80, min_snippet_tokens=5)
+    docs = (("file:///w/other.py", "def helper():\n    return 1\n"), ("file:///w/me.py", "ignored\n"))
+    p = b.build("x = ", "\n", docs, doc_id="file:///w/me.py")
+    text = tok.decode(p.tokens)
+    assert text.startswith("<file_sep>/w/other.py\ndef helper():\n    return 1\n<fim_prefix>")
+    assert "ignored" not in text  # the current document is not its own context
+    assert p.context_docs_used == 1
+
+
+def test_context_budget_respected() -> None:
+    b, _ = builder("spm", context_tokens=40, min_snippet_tokens=5)
+    docs = tuple((f"file:///w/m{i}.py", "".join(f"v{j} = {j}\n" for j in range(50))) for i in range(5))
+    p = b.build("x", "", docs)
+    n_context = p.tokens.index(b.fim.prefix_id)
+    assert 0 < n_context <= 40
+
+
+def test_helpers() -> None:
+    assert split_lines("a\nb\r\nc") == ["a\n", "b\r\n", "c"]
+    assert split_lines("") == []
+    assert visible_text("ab\ufffd\ufffd") == "ab"
+    assert longest_common_prefix(list(range(200)), [*range(150), 7]) == 150
+    assert longest_common_prefix([], [1]) == 0
