@@ -39,6 +39,13 @@ def _sources(drafter: Drafter, n: int) -> list[str]:
     return names[:n] if len(names) >= n else [drafter.name] * n
 
 
+def _fit_vocab(q: np.ndarray, vocab: int) -> np.ndarray:
+    """q: [n, vocab_q] -> [n, vocab] (a draft model with a padded or shorter embedding table)."""
+    if q.shape[-1] > vocab:
+        return q[:, :vocab]
+    return np.pad(q, ((0, 0), (0, vocab - q.shape[-1])))
+
+
 def _record(result: DecodeResult, sources: list[str], n_accepted: int) -> None:
     """Per-drafter stats (keyed by the proposing sub-drafter) and the accept histogram by position."""
     result.drafted += len(sources)
@@ -130,6 +137,8 @@ def generate(
         result.target_passes += 1
         if sampling:
             p = process_logits(logits, settings.temperature, settings.top_k, settings.top_p)  # [n+1, vocab]
+            if q is not None and q.shape[-1] != p.shape[-1]:
+                q = _fit_vocab(q, p.shape[-1])
             n_acc, nxt = rejection_accept(np.asarray(draft, dtype=np.int64), q, p, rng)
         else:
             n_acc, nxt = greedy_accept(np.asarray(draft, dtype=np.int64), logits)

@@ -1,0 +1,237 @@
+"""Drafters: prompt lookup (n-gram index over the current sequence, the suffix and the open buffers),
+a small same-tokenizer draft model with its own KV cache, and a hybrid of the two.
+
+All implement the ``Drafter`` protocol plus the optional ``begin``/``proposal_sources`` extras of
+``specls.decoder.api``. Stats are keyed by the sub-drafter that proposed each token ("lookup", "draft").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from specls.decoder.acceptance import process_logits, sample
+from specls.decoder.api import CausalLM, DecodeSettings, KVCache
+from specls.decoder.ngram import LookupMatch, NgramIndex, common_prefix_len, lookup
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DrafterSettings:
+    """How the drafters propose."""
+
+    lookup_min_n: int = 2  # shortest context tail that may match
+    lookup_max_n: int = 4  # longest context tail tried first
+    hybrid_min_match: int = 3  # the hybrid uses a lookup proposal only when its match is this long
+    hybrid_extend: bool = True  # extend a lookup proposal shorter than k with the draft model
+    hybrid_extend_min: int = 2  # ... when at least this many tokens are left to draft
+    draft_sample: bool = True  # sampling mode: the draft model samples (exact q) instead of greedy
+    draft_min_confidence: float = 0.0  # greedy: stop drafting when the draft's top prob is below this
+
+
+DEFAULT_DRAFTER_SETTINGS = DrafterSettings()
+
+
+class PromptLookupDrafter:
+    """Proposes the continuation of the longest, most recent match of the context's tail in: the
+    current sequence (prompt + generated, most recent of all), then the suffix after the cursor, then
+    the shared index of open buffers (most recently updated first). Point-mass proposals."""
+
+    name = "lookup"
+
+    def __init__(
+        self,
+        index: NgramIndex | None,
+        settings: DrafterSettings = DEFAULT_DRAFTER_SETTINGS,
+        suffix: Sequence[int] = (),
+    ) -> None:
+        self.settings = settings
+        lo, hi = settings.lookup_min_n, settings.lookup_max_n
+        self._index = index
+        self._context = NgramIndex(lo, hi, name="context")
+        self._suffix = NgramIndex(lo, hi, name="suffix")
+        self.set_suffix(suffix)
+        self.last_match: LookupMatch | None = None
+        self._n = 0
+
+    def set_suffix(self, tokens: Sequence[int]) -> None:
+        """The tokens after the cursor (FIM): the continuation often runs into them."""
+        self._suffix.update("suffix", tokens)
+
+    def match(self, context: Sequence[int], k: int) -> LookupMatch | None:
+        """The best match for this context (also remembered as ``last_match``)."""
+        self._context.update("context", context)  # incremental: only the new tail is indexed
+        sources = [self._context, self._suffix] + ([self._index] if self._index is not None else [])
+        s = self.settings
+        self.last_match = lookup(sources, context, k, s.lookup_min_n, s.lookup_max_n)
+        return self.last_match
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        m = self.match(context, k) if k > 0 and context else None
+        tokens = list(m.tokens[:k]) if m is not None else []
+        self._n = len(tokens)
+        return tokens
+
+    def observe(self, n_accepted: int) -> None:
+        pass
+
+    def proposal_probs(self) -> np.ndarray | None:
+        return None
+
+    def proposal_sources(self) -> Sequence[str]:
+        return [self.name] * self._n
+
+
+class DraftModelDrafter:
+    """A small draft model with its own KV cache, synced to the context by longest common prefix with
+    what it has cached (truncate + feed only the new tokens): it catches up on the bonus/correction
+    token after each pass and keeps its prefix across requests. Greedy steps, or sampled steps with
+    their distributions q in sampling mode (``begin`` sets the mode)."""
+
+    name = "draft"
+
+    def __init__(self, model: CausalLM, settings: DrafterSettings = DEFAULT_DRAFTER_SETTINGS) -> None:
+        self.model = model
+        self.settings = settings
+        self._cache: KVCache | None = None
+        self._tokens: list[int] = []  # what the cache holds, position by position
+        self._decode = DecodeSettings()
+        self._rng = np.random.default_rng()
+        self._q: list[np.ndarray] = []
+        self._n = 0
+        self.forward_tokens = 0  # tokens fed to the draft model (catch-up + drafting), for stats
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self._tokens)
+
+    def begin(self, settings: DecodeSettings) -> None:
+        self._decode = settings
+        seed = settings.seed
+        self._rng = np.random.default_rng(None if seed is None else [seed, 0x5EED])
+
+    def reset(self) -> None:
+        """Drop the cache (frees its memory); the next proposal starts from scratch."""
+        self._cache = None
+        self._tokens = []
+
+    def _sampling(self) -> bool:
+        return self._decode.temperature > 0.0 and self.settings.draft_sample
+
+    def _feed(self, ids: Sequence[int]) -> np.ndarray:
+        assert self._cache is not None
+        logits = self._cache.forward(ids)  # logits: [len(ids), vocab]
+        self._tokens.extend(ids)
+        self.forward_tokens += len(ids)
+        return logits[-1]  # [vocab]
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        self._q = []
+        self._n = 0
+        if k <= 0 or not context:
+            return []
+        if self._cache is None:
+            self._cache = self.model.new_cache()
+            self._tokens = []
+        keep = min(common_prefix_len(self._tokens, context), len(context) - 1)  # re-feed >= 1 token
+        if keep < len(self._tokens):
+            self._cache.truncate(keep)
+            del self._tokens[keep:]
+        logits = self._feed([int(t) for t in context[keep:]])  # logits: [vocab]
+        sampling = self._sampling()
+        d = self._decode
+        out: list[int] = []
+        for i in range(k):
+            if sampling:
+                q = process_logits(logits, d.temperature, d.top_k, d.top_p)  # q: [vocab]
+                tok = sample(q, self._rng)
+                self._q.append(q)
+            else:
+                tok = int(np.argmax(logits))
+                if i > 0 and self.settings.draft_min_confidence > 0.0:
+                    z = np.exp(logits - logits[tok])
+                    if 1.0 / float(np.sum(z)) < self.settings.draft_min_confidence:
+                        break
+            out.append(tok)
+            if i + 1 < k:
+                logits = self._feed([tok])
+        self._n = len(out)
+        return out
+
+    def observe(self, n_accepted: int) -> None:
+        pass  # the next propose() syncs by common prefix
+
+    def proposal_probs(self) -> np.ndarray | None:
+        return np.stack(self._q) if self._q else None  # [n, vocab]
+
+    def proposal_sources(self) -> Sequence[str]:
+        return [self.name] * self._n
+
+
+class HybridDrafter:
+    """Lookup when it has a long enough match (``hybrid_min_match``), extended with the draft model
+    when shorter than k; otherwise the draft model. Either part may be None."""
+
+    name = "hybrid"
+
+    def __init__(
+        self,
+        lookup: PromptLookupDrafter | None,
+        model: DraftModelDrafter | None,
+        settings: DrafterSettings = DEFAULT_DRAFTER_SETTINGS,
+    ) -> None:
+        self.lookup = lookup
+        self.model = model
+        self.settings = settings
+        self._sources: list[str] = []
+        self._q: np.ndarray | None = None
+
+    def begin(self, settings: DecodeSettings) -> None:
+        for part in (self.lookup, self.model):
+            if part is not None and hasattr(part, "begin"):
+                part.begin(settings)
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        self._sources, self._q = [], None
+        if k <= 0 or not context:
+            return []
+        s = self.settings
+        tokens: list[int] = []
+        if self.lookup is not None:
+            m = self.lookup.match(context, k)
+            if m is not None and (m.n >= s.hybrid_min_match or self.model is None):
+                tokens = list(m.tokens[:k])
+        n_lookup = len(tokens)
+        model_q: np.ndarray | None = None
+        if self.model is not None:
+            if not tokens:
+                tokens = self.model.propose(context, k)
+                model_q = self.model.proposal_probs()
+            elif s.hybrid_extend and k - n_lookup >= s.hybrid_extend_min:
+                tokens += self.model.propose([*context, *tokens], k - n_lookup)
+                model_q = self.model.proposal_probs()
+        n_model = len(tokens) - n_lookup
+        self._sources = [PromptLookupDrafter.name] * n_lookup + [DraftModelDrafter.name] * n_model
+        if model_q is not None and n_model > 0:
+            # q: [n, vocab]; lookup tokens are point masses (one-hot rows give exactly that rule)
+            q = np.zeros((len(tokens), model_q.shape[-1]), dtype=model_q.dtype)
+            q[np.arange(n_lookup), tokens[:n_lookup]] = 1.0
+            q[n_lookup:] = model_q[:n_model]
+            self._q = q
+        return tokens
+
+    def observe(self, n_accepted: int) -> None:
+        n_lookup = self._sources.count(PromptLookupDrafter.name)
+        if self.lookup is not None and n_lookup:
+            self.lookup.observe(min(n_accepted, n_lookup))
+        if self.model is not None and len(self._sources) > n_lookup:
+            self.model.observe(max(0, n_accepted - n_lookup))
+
+    def proposal_probs(self) -> np.ndarray | None:
+        return self._q
+
+    def proposal_sources(self) -> Sequence[str]:
+        return list(self._sources)
