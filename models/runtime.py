@@ -1,0 +1,302 @@
+"""ONNX Runtime execution of an exported model (see ``specls.models.spec`` for the graph contract).
+
+``OnnxCausalLM`` is the ``CausalLM`` of specls.decoder: one InferenceSession shared by every sequence;
+``OrtKVCache`` is one sequence's KV cache.
+
+CPU: past KV lives as numpy arrays; each forward feeds them and keeps the graph's ``present`` outputs
+(already past+new long) as the next past, so no concatenation happens on our side. ``truncate`` is a
+slice on the sequence axis.
+
+CUDA: past KV stays on the device as OrtValues bound through IOBinding; only ids/mask/positions go up
+and logits come down. ``truncate`` runs a tiny Slice graph on the device (no host round trip).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from specls.models.spec import GraphIO, ModelLoadError, ModelSpec, check_graph_io, load_spec
+from specls.models.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    threads: int = 1  # intra-op threads
+    provider: str = "auto"  # "auto" (CUDA when usable) | "cpu" | "cuda"
+    spinning: bool = False  # let idle intra-op threads spin (lower latency, burns CPU)
+
+
+def _session_options(settings: RuntimeSettings) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.intra_op_num_threads = max(1, settings.threads)
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spinning else "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    so.log_severity_level = 3  # errors only: ORT's own warnings are noise for users
+    return so
+
+
+def _create_session(onnx_path: Path, settings: RuntimeSettings) -> tuple[Any, str]:
+    """(session, "cpu"|"cuda"). CUDA when asked for (or auto) and the session really got it."""
+    import onnxruntime as ort
+
+    if settings.provider not in PROVIDERS:
+        raise ModelLoadError(f"provider must be one of {PROVIDERS}, not {settings.provider!r}")
+    so = _session_options(settings)
+    want_cuda = settings.provider in ("auto", "cuda")
+    have_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    if settings.provider == "cuda" and not have_cuda:
+        raise ModelLoadError(
+            "provider 'cuda' requested but onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+        )
+    if want_cuda and have_cuda:
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    try:
+        sess = ort.InferenceSession(str(onnx_path), so, providers=providers)
+    except Exception as exc:  # ORT raises its own Fail/InvalidProtobuf/...: report the file
+        raise ModelLoadError(f"{onnx_path}: cannot be loaded by onnxruntime ({exc})") from None
+    # ORT silently falls back to CPU when the CUDA libraries are missing: check what we got.
+    got = "cuda" if sess.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+    if settings.provider == "cuda" and got != "cuda":
+        raise ModelLoadError(f"{onnx_path}: CUDA requested but onnxruntime could not use it (see ORT logs)")
+    return sess, got
+
+
+class OnnxCausalLM:
+    """A loaded exported model: ``new_cache()`` opens one sequence's cache."""
+
+    def __init__(self, model_dir: str | Path, settings: RuntimeSettings = RuntimeSettings()) -> None:
+        t0 = time.perf_counter()
+        self.model_dir = Path(model_dir)
+        self.settings = settings
+        self.spec: ModelSpec = load_spec(self.model_dir)
+        tok_path = self.model_dir / self.spec.tokenizer_file
+        try:
+            self.tokenizer = Tokenizer.from_file(tok_path)
+        except Exception as exc:
+            raise ModelLoadError(f"{tok_path}: unreadable tokenizer ({exc})") from None
+        if self.tokenizer.vocab_size > self.spec.vocab_size:
+            raise ModelLoadError(
+                f"{tok_path}: tokenizer has {self.tokenizer.vocab_size} tokens but the model's "
+                f"vocab_size is {self.spec.vocab_size}"
+            )
+        onnx_path = self.model_dir / self.spec.onnx_file
+        self.session, self.provider = _create_session(onnx_path, settings)
+        check_graph_io(
+            self.spec,
+            onnx_path,
+            [GraphIO(i.name, i.type, tuple(i.shape)) for i in self.session.get_inputs()],
+            [GraphIO(o.name, o.type, tuple(o.shape)) for o in self.session.get_outputs()],
+        )
+        self.kv_dtype = np.float16 if self.spec.dtype == "fp16" else np.float32
+        # graph I/O order for the flat past/present lists: k0, v0, k1, v1, ...
+        self.past_names: list[str] = [
+            n for kv in zip(self.spec.past_key_names, self.spec.past_value_names, strict=True) for n in kv
+        ]
+        self.present_names: list[str] = [
+            n
+            for kv in zip(self.spec.present_key_names, self.spec.present_value_names, strict=True)
+            for n in kv
+        ]
+        self.output_names: list[str] = [self.spec.logits_name, *self.present_names]
+        self._slicer: _DeviceSlicer | None = None
+        log.info(
+            "loaded %s (%s, %d layers, vocab %d, %s) on %s in %.0f ms",
+            self.model_dir,
+            self.spec.model_type,
+            self.spec.num_layers,
+            self.spec.vocab_size,
+            self.spec.dtype,
+            self.provider,
+            1000 * (time.perf_counter() - t0),
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.spec.eos_token_ids
+
+    def new_cache(self) -> OrtKVCache:
+        if self.provider == "cuda":
+            return CudaKVCache(self)
+        return OrtKVCache(self)
+
+    def warmup(self) -> None:
+        """One tiny forward so the first real request does not pay ORT's lazy initialisation."""
+        self.new_cache().forward([0, 0])
+
+    def slicer(self) -> _DeviceSlicer:
+        if self._slicer is None:
+            self._slicer = _DeviceSlicer(self)
+        return self._slicer
+
+
+def _check_ids(ids: Sequence[int], vocab: int) -> np.ndarray:
+    arr = np.asarray(ids, dtype=np.int64)  # [n]
+    if arr.ndim != 1:
+        raise ValueError(f"ids must be a flat sequence of token ids, got shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab):
+        raise ValueError(f"token id out of range [0, {vocab}): {int(arr.min())}..{int(arr.max())}")
+    return arr
+
+
+class OrtKVCache:
+    """One sequence's KV cache on the CPU: past tensors as numpy [1, kv_heads, length, head_dim]."""
+
+    def __init__(self, lm: OnnxCausalLM) -> None:
+        self._lm = lm
+        spec = lm.spec
+        empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
+        self._past: list[np.ndarray] = [empty] * (2 * spec.num_layers)  # each [1, kv, length, hd]
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def _feed(self, arr: np.ndarray) -> dict[str, np.ndarray]:
+        n = arr.shape[0]
+        total = self._length + n
+        feed: dict[str, np.ndarray] = {
+            "input_ids": arr[None, :],  # [1, n]
+            "attention_mask": np.ones((1, total), dtype=np.int64),  # [1, past+n]
+        }
+        if self._lm.spec.uses_position_ids:
+            feed["position_ids"] = np.arange(self._length, total, dtype=np.int64)[None, :]  # [1, n]
+        return feed
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """ids: [n] -> logits: [n, vocab] float32; the cache grows by n."""
+        arr = _check_ids(ids, self._lm.spec.vocab_size)
+        if arr.size == 0:
+            return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
+        feed = self._feed(arr)
+        for name, past in zip(self._lm.past_names, self._past, strict=True):
+            feed[name] = past
+        outs = self._lm.session.run(self._lm.output_names, feed)
+        self._past = outs[1:]  # each [1, kv, past+n, hd]
+        self._length += arr.size
+        logits = outs[0][0]  # [n, vocab]
+        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    append = forward
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n positions (exact slice on the sequence axis, no recompute)."""
+        if n < 0:
+            raise ValueError(f"cannot truncate to a negative length ({n})")
+        if n >= self._length:
+            return
+        # contiguous copies: ORT takes a contiguous buffer as is, a strided view would be copied per call
+        self._past = [np.ascontiguousarray(p[:, :, :n, :]) for p in self._past]  # [1, kv, n, hd]
+        self._length = n
+
+
+class CudaKVCache(OrtKVCache):
+    """The CUDA variant: past KV as device OrtValues fed back through IOBinding.
+
+    Per forward: bind ids/mask/positions (host -> device, a few bytes), bind each past OrtValue (no
+    copy), let ORT allocate the presents on the device, copy only the logits back. The presents become
+    the next past. ``truncate`` runs ``_DeviceSlicer`` (Slice on axis 2) on the device.
+    """
+
+    def __init__(self, lm: OnnxCausalLM) -> None:
+        import onnxruntime as ort
+
+        super().__init__(lm)
+        spec = lm.spec
+        empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
+        self._dev: list[Any] = [
+            ort.OrtValue.ortvalue_from_numpy(empty, "cuda", 0) for _ in range(2 * spec.num_layers)
+        ]
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        arr = _check_ids(ids, self._lm.spec.vocab_size)
+        if arr.size == 0:
+            return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
+        lm = self._lm
+        binding = lm.session.io_binding()
+        for name, value in self._feed(arr).items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name, past in zip(lm.past_names, self._dev, strict=True):
+            binding.bind_ortvalue_input(name, past)
+        binding.bind_output(lm.spec.logits_name, "cpu")
+        for name in lm.present_names:
+            binding.bind_output(name, "cuda", 0)
+        lm.session.run_with_iobinding(binding)
+        outs = binding.get_outputs()  # [logits (cpu), present k0, v0, ... (cuda)]
+        self._dev = list(outs[1:])
+        self._length += arr.size
+        logits = outs[0].numpy()[0]  # [n, vocab]
+        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    append = forward
+
+    def truncate(self, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"cannot truncate to a negative length ({n})")
+        if n >= self._length:
+            return
+        self._dev = self._lm.slicer().slice(self._dev, n)
+        self._length = n
+
+
+class _DeviceSlicer:
+    """A one-node-per-tensor ONNX graph ``y_i = Slice(x_i, [0], [n], axes=[2])`` run on the device, so a
+    CUDA cache truncates without a host round trip. Built in memory with ``onnx`` (in the gpu extra)."""
+
+    def __init__(self, lm: OnnxCausalLM) -> None:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        count = 2 * lm.spec.num_layers
+        elem = TensorProto.FLOAT16 if lm.spec.dtype == "fp16" else TensorProto.FLOAT
+        shape: list[str | int | None] = ["b", lm.spec.num_kv_heads, "s", lm.spec.head_dim]
+        inputs = [helper.make_tensor_value_info(f"x{i}", elem, shape) for i in range(count)]
+        inputs.append(helper.make_tensor_value_info("end", TensorProto.INT64, [1]))
+        outputs = [helper.make_tensor_value_info(f"y{i}", elem, None) for i in range(count)]
+        nodes = [helper.make_node("Slice", [f"x{i}", "zero", "end", "axis"], [f"y{i}"]) for i in range(count)]
+        inits = [
+            helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+            helper.make_tensor("axis", TensorProto.INT64, [1], [2]),
+        ]
+        graph = helper.make_graph(nodes, "kv_slice", inputs, outputs, initializer=inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        self._session = ort.InferenceSession(
+            model.SerializeToString(), so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        )
+        self._count = count
+
+    def slice(self, values: list[Any], n: int) -> list[Any]:
+        binding = self._session.io_binding()
+        for i, v in enumerate(values):
+            binding.bind_ortvalue_input(f"x{i}", v)
+        binding.bind_cpu_input("end", np.array([n], dtype=np.int64))
+        for i in range(self._count):
+            binding.bind_output(f"y{i}", "cuda", 0)
+        self._session.run_with_iobinding(binding)
+        return list(binding.get_outputs())

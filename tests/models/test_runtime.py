@@ -1,0 +1,132 @@
+"""OnnxCausalLM / OrtKVCache on exported tiny checkpoints: logits vs torch, exact truncate, load errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from specls.decoder.api import CausalLM, KVCache
+from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+from specls.models.spec import SPEC_FILE, ModelLoadError
+
+pytestmark = pytest.mark.slow
+
+SEQ = [5, 17, 42, 99, 3, 250, 7, 7, 120, 64, 11, 290, 33, 8, 150, 201, 77]
+
+
+def torch_logits(ckpt: Path, ids: list[int]) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].numpy()  # [n, vocab]
+
+
+@pytest.fixture(scope="module")
+def lms(exported: dict[str, Path]) -> dict[str, OnnxCausalLM]:
+    return {arch: OnnxCausalLM(d, RuntimeSettings(threads=1, provider="cpu")) for arch, d in exported.items()}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_logits_match_torch(
+    lms: dict[str, OnnxCausalLM], tiny_checkpoints: dict[str, Path], arch: str
+) -> None:
+    lm = lms[arch]
+    assert isinstance(lm, CausalLM) and lm.provider == "cpu" and lm.vocab_size == 300
+    ref = torch_logits(tiny_checkpoints[arch], SEQ)  # [17, vocab]
+    cache = lm.new_cache()
+    assert isinstance(cache, KVCache)
+    got = [cache.forward(SEQ[:11])]  # prefill
+    got.append(cache.forward(SEQ[11:16]))  # N=5 with a past of 11
+    got.append(cache.forward(SEQ[16:17]))  # N=1 with a past of 16
+    assert cache.length == 17
+    for g, (a, b) in zip(got, [(0, 11), (11, 16), (16, 17)], strict=True):
+        assert g.shape == (b - a, 300) and g.dtype == np.float32
+        np.testing.assert_allclose(g, ref[a:b], atol=1e-4, rtol=0)
+    assert np.abs(ref).max() > 0.1  # the comparison is not between near-zero logits
+
+
+def test_truncate_is_exact(lms: dict[str, OnnxCausalLM]) -> None:
+    lm = lms["llama"]
+    other = [9, 8, 7]
+    a = lm.new_cache()
+    a.forward(SEQ[:12])
+    rejected = a.forward(SEQ[12:15])
+    a.truncate(12)
+    assert a.length == 12
+    after = a.forward(other)
+    b = lm.new_cache()
+    b.forward(SEQ[:12])
+    fresh = b.forward(other)
+    assert np.array_equal(after, fresh)
+    assert not np.array_equal(rejected, after)
+    # truncate to 0 behaves like a new cache; past the length is a no-op
+    a.truncate(0)
+    assert a.length == 0
+    assert np.array_equal(a.forward(SEQ[:12]), lm.new_cache().forward(SEQ[:12]))
+    a.truncate(100)
+    assert a.length == 12
+
+
+def test_bad_calls(lms: dict[str, OnnxCausalLM]) -> None:
+    cache = lms["llama"].new_cache()
+    assert cache.forward([]).shape == (0, 300) and cache.length == 0
+    with pytest.raises(ValueError, match="out of range"):
+        cache.forward([300])
+    with pytest.raises(ValueError, match="out of range"):
+        cache.forward([-1])
+    with pytest.raises(ValueError, match="negative"):
+        cache.truncate(-1)
+    assert cache.length == 0
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupt_dirs(exported: dict[str, Path], tmp_path: Path) -> None:
+    src = exported["llama"]
+    cpu = RuntimeSettings(provider="cpu")
+
+    d = _copy(src, tmp_path / "nospec")
+    (d / SPEC_FILE).unlink()
+    with pytest.raises(ModelLoadError, match=SPEC_FILE):
+        OnnxCausalLM(d, cpu)
+
+    d = _copy(src, tmp_path / "noonnx")
+    (d / "model.onnx").unlink()
+    with pytest.raises(ModelLoadError, match="model.onnx"):
+        OnnxCausalLM(d, cpu)
+
+    d = _copy(src, tmp_path / "truncated")
+    data = (d / "model.onnx").read_bytes()
+    (d / "model.onnx").write_bytes(data[: len(data) // 3])
+    with pytest.raises(ModelLoadError, match="model.onnx"):
+        OnnxCausalLM(d, cpu)
+
+    d = _copy(src, tmp_path / "wrongkv")
+    raw = json.loads((d / SPEC_FILE).read_text())
+    raw["past_key_names"] = [f"past.{i}.k" for i in range(2)]
+    (d / SPEC_FILE).write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match=r"model\.onnx.*past\.0\.k"):
+        OnnxCausalLM(d, cpu)
+
+    d = _copy(src, tmp_path / "badtok")
+    (d / "tokenizer.json").write_text("{oops")
+    with pytest.raises(ModelLoadError, match="tokenizer.json"):
+        OnnxCausalLM(d, cpu)
+
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "readme.txt").write_text("hello")
+    (junk / "weights.bin").write_bytes(b"\0" * 100)
+    with pytest.raises(ModelLoadError, match=f"junk.*{SPEC_FILE}"):
+        OnnxCausalLM(junk, cpu)
+
+    with pytest.raises(ModelLoadError, match="provider"):
+        OnnxCausalLM(src, RuntimeSettings(provider="tpu"))
