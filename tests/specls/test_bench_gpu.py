@@ -1,0 +1,309 @@
+"""`specls bench gpu`: the cost model, the forced-acceptance drafter, and the small-shape path end to end
+(random-weight pair built, exported, loaded, timed, predicted, real loop == plain greedy)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from specls.decoder.api import DecodeSettings
+from specls.decoder.loop import generate
+from specls.decoder.testing import FakeLM, FakeLMConfig
+
+from specls.bench import gpu
+from specls.bench.gpu import (
+    BenchError,
+    ForcedDrafter,
+    GpuBenchSettings,
+    ModelShape,
+    alpha_from_counts,
+    best_gamma,
+    expected_tokens,
+    interp_cost,
+    load_acceptance,
+    predicted_speedup,
+)
+
+torch.set_num_threads(1)
+
+TINY_TARGET = ModelShape(
+    hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, vocab=300, max_positions=256
+)
+TINY_DRAFT = ModelShape(
+    hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=300, max_positions=256
+)
+
+
+def tiny_settings(backend: str, **kw: object) -> GpuBenchSettings:
+    base = GpuBenchSettings(
+        target=TINY_TARGET,
+        draft=TINY_DRAFT,
+        shape_name="tiny",
+        backend=backend,
+        provider="cpu",
+        threads=1,
+        past_lengths=(8, 24),
+        ns=(1, 2, 4),
+        warmup=0,
+        repeats=1,
+        loop_alphas=(0.6,),
+        loop_repeats=1,
+        gen_tokens=12,
+        seed=3,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+# --- the cost model --------------------------------------------------------------------------------
+
+
+def test_expected_tokens_matches_the_closed_form_and_its_limits() -> None:
+    assert expected_tokens(0.0, 5) == pytest.approx(1.0)
+    assert expected_tokens(1.0, 5) == pytest.approx(6.0)
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(0.7, 0) == pytest.approx(1.0)
+    # monotone in alpha and gamma
+    assert expected_tokens(0.8, 4) > expected_tokens(0.6, 4) > expected_tokens(0.6, 2)
+
+
+def test_interp_cost_is_exact_on_points_linear_between_and_extended_beyond() -> None:
+    curve = {1: 10.0, 2: 11.0, 4: 13.0, 8: 21.0}
+    assert interp_cost(curve, 4) == 13.0
+    assert interp_cost(curve, 3) == pytest.approx(12.0)
+    assert interp_cost(curve, 6) == pytest.approx(17.0)
+    assert interp_cost(curve, 10) == pytest.approx(25.0)  # last segment's slope (2 per token)
+
+
+def test_predicted_speedup_lookup_vs_draft() -> None:
+    flat = {1: 10.0, 16: 10.0}  # verify as cheap as one step (memory-bound GPU regime)
+    # lookup with free drafts and a flat curve: speedup == tokens per pass
+    assert predicted_speedup(flat, 0.0, 0.7, 4, "lookup") == pytest.approx(expected_tokens(0.7, 4))
+    # the draft model pays g*c*T(1) on top
+    s = predicted_speedup(flat, 0.25, 0.7, 4, "draft")
+    assert s == pytest.approx(expected_tokens(0.7, 4) / (1 + 4 * 0.25))
+    # a compute-bound curve (T(N) = N*T(1)) never pays for lookup
+    linear = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}
+    g, best = best_gamma(linear, 0.0, 0.9, "lookup", 15)
+    assert best < 1.0 + 1e-9 and g == 1
+
+
+def test_best_gamma_grows_with_alpha_on_a_cheap_verify_curve() -> None:
+    curve = {1: 10.0, 2: 10.2, 4: 10.6, 8: 11.5, 16: 14.0}
+    g_low, s_low = best_gamma(curve, 0.0, 0.3, "lookup", 15)
+    g_high, s_high = best_gamma(curve, 0.0, 0.9, "lookup", 15)
+    assert g_high > g_low and s_high > s_low > 1.0
+    for g in range(1, 16):  # it really is the best
+        assert predicted_speedup(curve, 0.0, 0.9, g, "lookup") <= s_high + 1e-12
+
+
+def test_alpha_from_counts_inverts_the_standard_model() -> None:
+    for alpha in (0.2, 0.5, 0.75, 0.9):
+        g = 5
+        per_proposal = expected_tokens(alpha, g) - 1.0  # accepted drafts per proposal
+        got = alpha_from_counts(drafted=g * 100, accepted=per_proposal * 100, proposals=100)
+        assert got == pytest.approx(alpha, abs=1e-3)
+    assert alpha_from_counts(0, 0, 0) is None
+    assert alpha_from_counts(10, 0, 5) == 0.0
+
+
+def test_load_acceptance_plain_mapping_and_decode_bench_counts(tmp_path: Path) -> None:
+    plain = tmp_path / "a.json"
+    plain.write_text(json.dumps({"alpha": {"lookup": 0.55, "draft": [0.7, 0.8]}}))
+    assert load_acceptance(plain) == {"lookup": (0.55,), "draft": (0.7, 0.8)}
+    # decode-bench style: per-drafter counts under method names; alpha from the inverted model
+    g, a = 4, 0.6
+    accepted = (expected_tokens(a, g) - 1.0) * 50
+    counts = tmp_path / "b.json"
+    counts.write_text(
+        json.dumps(
+            {
+                "runs": [
+                    {"per_drafter": {"lookup": {"drafted": g * 50, "accepted": accepted, "proposals": 50}}}
+                ]
+            }
+        )
+    )
+    got = load_acceptance(counts)
+    assert set(got) == {"lookup"} and got["lookup"][0] == pytest.approx(a, abs=1e-3)
+    bad = tmp_path / "c.json"
+    bad.write_text('{"nothing": 1}')
+    with pytest.raises(BenchError, match="no acceptance rates"):
+        load_acceptance(bad)
+    (tmp_path / "d.json").write_text("{not json")
+    with pytest.raises(BenchError, match="unreadable"):
+        load_acceptance(tmp_path / "d.json")
+
+
+# --- the forced-acceptance drafter -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 0.9, 1.0])
+def test_forced_drafter_keeps_greedy_output_and_hits_its_rate(alpha: float) -> None:
+    lm = FakeLM(FakeLMConfig(vocab=64, seed=1))
+    prompt = list(range(12))
+    n = 400
+    ref = lm.greedy(prompt, n)
+    drafter = ForcedDrafter(prompt, ref, alpha, 64, seed=5)
+    gamma = 4
+    settings = DecodeSettings(
+        max_new_tokens=n, gamma=gamma, gamma_min=gamma, gamma_max=gamma, adaptive_gamma=False, min_speedup=0.0
+    )
+    res = generate(lm.new_cache(), prompt, drafter, settings, frozenset())
+    assert res.tokens == ref
+    stats = res.per_drafter["lookup"]
+    realized = alpha_from_counts(stats.drafted, stats.accepted, stats.proposals)
+    assert realized is not None
+    if alpha in (0.0, 1.0):
+        assert stats.accepted == (0 if alpha == 0.0 else stats.drafted)
+    else:
+        assert realized == pytest.approx(alpha, abs=0.08)
+        # the first drafted token of a pass is accepted with probability alpha
+        assert res.accept_hist[0] / stats.proposals == pytest.approx(alpha, abs=0.08)
+
+
+def test_forced_drafter_pays_for_the_draft_model() -> None:
+    target = FakeLM(FakeLMConfig(vocab=64, seed=1))
+    draft = FakeLM(FakeLMConfig(vocab=64, seed=2))
+    prompt = list(range(10))
+    ref = target.greedy(prompt, 40)
+    drafter = ForcedDrafter(prompt, ref, 0.7, 64, seed=1, draft_lm=draft)
+    drafter.prime(prompt)
+    settings = DecodeSettings(
+        max_new_tokens=40, gamma=3, gamma_min=3, gamma_max=3, adaptive_gamma=False, min_speedup=0.0
+    )
+    before = draft.counter.calls
+    res = generate(target.new_cache(), prompt, drafter, settings, frozenset())
+    assert res.tokens == ref
+    proposals = res.per_drafter["draft"].proposals
+    # one draft-model forward per drafted token (catch-up pass + steps), as the cost model assumes
+    assert draft.counter.calls - before == res.drafted
+    assert proposals > 0
+
+
+def test_forced_drafter_off_script_proposes_nothing() -> None:
+    d = ForcedDrafter([1, 2, 3], [4, 5, 6], 1.0, 10, seed=0)
+    assert d.propose([1, 2, 3], 2) == [4, 5]
+    assert d.propose([1, 2, 9], 2) == []
+    assert d.propose([1, 2, 3, 4, 5, 6], 3) == []  # past the reference
+    assert d.propose([1, 2, 3], 0) == []
+
+
+# --- settings and CLI ------------------------------------------------------------------------------
+
+
+def test_require_cuda_fails_loudly_without_cuda() -> None:
+    settings = tiny_settings("ort", require_cuda=True, provider="cpu")
+    with pytest.raises(BenchError, match="require-cuda"):
+        gpu.run_bench(settings)
+
+
+def test_bad_settings_are_clear_errors() -> None:
+    with pytest.raises(BenchError, match="must hold 1"):
+        gpu.run_bench(tiny_settings("torch", ns=(2, 4)))
+    with pytest.raises(BenchError, match="share the vocab"):
+        gpu.run_bench(tiny_settings("torch", draft=ModelShape(16, 1, 2, 1, 32, vocab=400)))
+    with pytest.raises(BenchError, match="exceeds"):
+        gpu.run_bench(tiny_settings("torch", past_lengths=(8, 1000)))
+    with pytest.raises(BenchError, match="too small"):
+        gpu.write_tokenizer(Path("/nonexistent-never-written"), 100)
+
+
+def test_cli_registers_and_parses_the_small_shape() -> None:
+    from specls.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "gpu", "--shape", "small", "--ns", "1,2,8", "--alphas", "0.5,0.9"]
+    )
+    assert args.func is gpu.run_command
+    s = gpu.settings_from_args(args)
+    assert s.target == gpu.SMALL_TARGET and s.draft == gpu.SMALL_DRAFT
+    assert s.ns == (1, 2, 8) and s.alpha_map() == {"lookup": (0.5, 0.9), "draft": (0.5, 0.9)}
+    full = gpu.settings_from_args(build_parser().parse_args(["bench", "gpu"]))
+    assert full.target.hidden == 1536 and full.target.layers == 28 and full.target.vocab == 151936
+    assert full.draft.hidden == 896 and full.draft.layers == 24 and full.past_lengths == (512, 2048)
+
+
+# --- end to end ------------------------------------------------------------------------------------
+
+
+def _check_report(report: gpu.GpuBenchReport, settings: GpuBenchSettings) -> None:
+    assert report.past_lengths == [8, 24] and report.ns == [1, 2, 4]
+    for L in (8, 24):
+        assert sorted(report.target_ms[L]) == [1, 2, 4]
+        assert all(t > 0 for t in report.target_ms[L].values())
+        assert report.draft_ms[L] > 0
+        assert report.c[L] == pytest.approx(report.draft_ms[L] / report.target_ms[L][1])
+        assert report.verify_curve()[L][1] == pytest.approx(1.0)
+    n_alphas = sum(len(v) for _, v in settings.alphas)
+    assert len(report.predictions) == 2 * n_alphas
+    for p in report.predictions:
+        assert 1 <= p.gamma <= 3  # N = gamma + 1 <= max measured N
+        assert p.tokens_per_pass == pytest.approx(expected_tokens(p.alpha, p.gamma))
+    assert report.greedy_matches
+    assert [(m.method, m.alpha) for m in report.loop] == [("lookup", 0.6), ("draft", 0.6)]
+    for m in report.loop:
+        assert m.matches_greedy
+        assert m.new_tokens == 12 and m.target_passes >= 12 / (m.gamma + 1)
+        assert 0 <= m.accepted <= m.drafted
+    md = gpu.render_markdown(report)
+    assert "| L | N=1 | N=2 | N=4 | draft step ms | c |" in md
+    assert md.count("| lookup |") == len(settings.alpha_map()["lookup"]) + 1  # predictions + the loop row
+    assert "## Real decode loop vs prediction" in md
+
+
+def test_end_to_end_torch_backend_through_the_cli(tmp_path: Path) -> None:
+    from specls.cli import main
+
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "bench", "gpu", "--shape", "small", "--backend", "torch", "--provider", "cpu",
+            "--target-dims", "32,1,2,1,64", "--draft-dims", "16,1,2,1,32", "--vocab", "300",
+            "--past-lengths", "8,24", "--ns", "1,2,4", "--warmup", "0", "--repeats", "1",
+            "--gen-tokens", "12", "--loop-alphas", "0.6", "--loop-repeats", "1", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) == 2 and files[0].startswith("results-") and files[0].endswith("-torch.json")
+    data = json.loads((out / files[0]).read_text())
+    assert data["backend"] == "torch" and data["provider"] == "torch-cpu" and data["dtype"] == "fp32"
+    assert set(data["target_ms"]) == {"8", "24"} and set(data["target_ms"]["8"]) == {"1", "2", "4"}
+    assert data["verify_curve"]["24"]["1"] == 1.0
+    assert all(m["matches_greedy"] for m in data["loop"]) and len(data["loop"]) == 2
+    assert (out / files[1]).read_text().startswith("# specls bench gpu")
+
+
+@pytest.mark.slow
+def test_end_to_end_ort_small_shape(tmp_path: Path) -> None:
+    """Random-weight pair -> ONNX export -> runtime -> passes, predictions, real loop == greedy."""
+    settings = tiny_settings(
+        "ort", work_dir=tmp_path / "work", alphas=(("lookup", (0.5, 0.9)), ("draft", (0.7,)))
+    )
+    report = gpu.run_bench(settings)
+    assert report.backend == "ort" and report.provider == "cpu" and report.dtype == "fp32"
+    assert (tmp_path / "work" / "target-onnx" / "model.onnx").is_file()
+    assert (tmp_path / "work" / "draft-onnx" / "specls.json").is_file()
+    _check_report(report, settings)
+    # the exported target really computes the checkpoint's greedy continuation (reference == loop)
+    prompt = np.random.default_rng(settings.seed + 7).integers(0, 300, size=8).tolist()
+    from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+
+    lm = OnnxCausalLM(tmp_path / "work" / "target-onnx", RuntimeSettings(threads=1, provider="cpu"))
+    ref = gpu.greedy_reference(lm, prompt, 12)
+    res = generate(lm.new_cache(), prompt, None, DecodeSettings(max_new_tokens=12, gamma=0), frozenset())
+    assert res.tokens == ref
+    js, md = gpu.write_report(report, tmp_path / "out")
+    assert js.name.endswith("-ort.json") and md.name.endswith("-ort.md")
+    assert json.loads(js.read_text())["c"].keys() == {"8", "24"}
+
+
+def test_end_to_end_torch_backend_report_structure() -> None:
+    settings = tiny_settings("torch")
+    report = gpu.run_bench(settings)
+    assert report.provider == "torch-cpu"
+    _check_report(report, settings)
