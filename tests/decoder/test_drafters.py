@@ -1,0 +1,115 @@
+"""Drafters: prompt lookup sources, draft-model cache sync, hybrid composition, sampling q."""
+
+from __future__ import annotations
+
+import numpy as np
+from specls.decoder.api import DecodeSettings, Drafter
+from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.ngram import NgramIndex
+from specls.decoder.testing import FakeLM, FakeLMConfig
+
+LM = FakeLM(FakeLMConfig(vocab=32, window=2, seed=4))
+
+
+def test_drafters_implement_the_protocol() -> None:
+    for drafter in (PromptLookupDrafter(None), DraftModelDrafter(LM), HybridDrafter(None, None)):
+        assert isinstance(drafter, Drafter)
+
+
+def test_lookup_prefers_the_current_sequence_then_suffix_then_documents() -> None:
+    index = NgramIndex()
+    index.update("other.py", [1, 2, 3, 30, 31])
+    drafter = PromptLookupDrafter(index, suffix=[2, 3, 20, 21])
+    assert drafter.propose([9, 1, 2, 3], 2) == [30, 31]  # only the document has [1, 2, 3]
+    assert drafter.propose([9, 8, 2, 3], 2) == [20, 21]  # [2, 3] in suffix and doc: suffix first
+    assert drafter.propose([2, 3, 10, 11, 8, 2, 3], 2) == [10, 11]  # the sequence itself first
+    assert drafter.last_match is not None and drafter.last_match.source == "context"
+    assert list(drafter.proposal_sources()) == ["lookup", "lookup"]
+    assert drafter.proposal_probs() is None
+    assert drafter.propose([7, 7, 7, 5], 3) == []  # no match, no proposal
+    assert list(drafter.proposal_sources()) == []
+
+
+def test_lookup_respects_min_n() -> None:
+    index = NgramIndex(min_n=1, max_n=4)
+    index.update("d", [5, 6, 7])
+    loose = PromptLookupDrafter(index, DrafterSettings(lookup_min_n=1))
+    strict = PromptLookupDrafter(index, DrafterSettings(lookup_min_n=2))
+    assert loose.propose([0, 5], 2) == [6, 7]
+    assert strict.propose([0, 5], 2) == []  # a 1-token match is below min_n. Not [6, 7]
+
+
+def test_draft_model_proposes_its_greedy_continuation_and_syncs_by_prefix() -> None:
+    drafter = DraftModelDrafter(LM)
+    ctx = [3, 4, 5, 6, 7, 8]
+    assert drafter.propose(ctx, 4) == LM.greedy(ctx, 4)
+    assert drafter.forward_tokens == len(ctx) + 3  # prefill + 3 steps (the last draft is not fed)
+    before = drafter.forward_tokens
+    ctx2 = ctx + [9, 10]  # two committed tokens later
+    assert drafter.propose(ctx2, 3) == LM.greedy(ctx2, 3)
+    # caught up on the new tokens only (plus those after a diverged cached draft). Not len(ctx2) + 2
+    assert drafter.forward_tokens - before <= 2 + 2
+    assert drafter.cached_tokens == len(ctx2) + 2
+    edited = [3, 4, 11, 6]  # an edit earlier in the sequence: truncate to the common prefix
+    assert drafter.propose(edited, 2) == LM.greedy(edited, 2)
+    same = drafter.forward_tokens
+    assert drafter.propose(edited, 1) == LM.greedy(edited, 1)
+    assert drafter.forward_tokens - same == 1  # the whole context cached: re-feed the last token only
+
+
+def test_draft_model_min_confidence_shortens_proposals() -> None:
+    flat = FakeLM(FakeLMConfig(vocab=32, window=2, seed=4, scale=0.05))  # nearly uniform
+    drafter = DraftModelDrafter(flat, DrafterSettings(draft_min_confidence=0.5))
+    assert len(drafter.propose([1, 2, 3], 5)) == 1  # always at least one token. Not 5
+    assert len(DraftModelDrafter(flat).propose([1, 2, 3], 5)) == 5
+
+
+def test_draft_model_sampling_returns_q_rows() -> None:
+    drafter = DraftModelDrafter(LM)
+    drafter.begin(DecodeSettings(temperature=0.7, seed=1))
+    tokens = drafter.propose([1, 2, 3], 4)
+    q = drafter.proposal_probs()
+    assert q is not None and q.shape == (4, LM.vocab_size)
+    np.testing.assert_allclose(q.sum(axis=1), 1.0)
+    assert all(q[i, t] > 0 for i, t in enumerate(tokens))
+    drafter.begin(DecodeSettings())  # greedy again: point mass
+    drafter.propose([1, 2, 3], 2)
+    assert drafter.proposal_probs() is None
+
+
+def _hybrid(index: NgramIndex, settings: DrafterSettings) -> HybridDrafter:
+    return HybridDrafter(PromptLookupDrafter(index, settings), DraftModelDrafter(LM, settings), settings)
+
+
+def test_hybrid_uses_a_long_lookup_match_and_extends_it() -> None:
+    index = NgramIndex()
+    index.update("d", [1, 2, 3, 4, 20, 21])
+    drafter = _hybrid(index, DrafterSettings(hybrid_min_match=3, hybrid_extend_min=2))
+    tokens = drafter.propose([0, 2, 3, 4], 5)
+    assert tokens[:2] == [20, 21]
+    assert tokens[2:] == LM.greedy([0, 2, 3, 4, 20, 21], 3)
+    assert list(drafter.proposal_sources()) == ["lookup"] * 2 + ["draft"] * 3
+
+
+def test_hybrid_falls_back_to_the_draft_model_on_a_short_match() -> None:
+    index = NgramIndex()
+    index.update("d", [3, 4, 20, 21])
+    drafter = _hybrid(index, DrafterSettings(hybrid_min_match=3))
+    assert drafter.propose([0, 9, 3, 4], 3) == LM.greedy([0, 9, 3, 4], 3)  # Not [20, 21]
+    assert list(drafter.proposal_sources()) == ["draft"] * 3
+    no_model = HybridDrafter(PromptLookupDrafter(index), None)
+    assert no_model.propose([0, 9, 3, 4], 3) == [20, 21]  # alone, any lookup match is used
+    assert HybridDrafter(None, None).propose([1, 2], 3) == []
+
+
+def test_hybrid_sampling_q_has_point_mass_rows_for_lookup_tokens() -> None:
+    index = NgramIndex()
+    index.update("d", [1, 2, 3, 4, 20, 21])
+    drafter = _hybrid(index, DrafterSettings(hybrid_min_match=3, hybrid_extend_min=1))
+    drafter.begin(DecodeSettings(temperature=1.0, seed=0))
+    tokens = drafter.propose([0, 2, 3, 4], 4)
+    q = drafter.proposal_probs()
+    assert q is not None and q.shape == (4, LM.vocab_size)
+    assert q[0, 20] == 1.0 and q[1, 21] == 1.0 and q[0].sum() == 1.0
+    np.testing.assert_allclose(q[2:].sum(axis=1), 1.0)
+    assert tokens[:2] == [20, 21]

@@ -1,0 +1,338 @@
+"""The decode loop: speculative == plain greedy, cache invariants, prefix reuse, stops, stats, sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from specls.decoder.acceptance import process_logits
+from specls.decoder.api import DecodeSettings, Drafter
+from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.loop import generate
+from specls.decoder.ngram import NgramIndex
+from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig, ScriptedDrafter
+
+PROMPT = [5, 9, 17, 2, 40, 33, 8]
+N = 48
+TARGET = FakeLM(FakeLMConfig(vocab=64, window=3, seed=0))
+REF = TARGET.greedy(PROMPT, N)
+FULL = PROMPT + REF
+K = 4  # fixed gamma of the scripted-drafter cases
+
+
+class CheckedCache:
+    """Wraps a FakeCache and checks the loop's cache invariant on every call: before each forward the
+    cache plus the first fed token is a prefix of the true sequence (cache == committed - last), and
+    after each truncate the cache holds only committed tokens (no rejected draft survives)."""
+
+    def __init__(self, inner: FakeCache, full: Sequence[int]) -> None:
+        self.inner = inner
+        self.full = list(full)
+        self.forwards = 0
+        self.truncates = 0
+
+    @property
+    def length(self) -> int:
+        return self.inner.length
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        n = self.inner.length
+        assert self.inner.tokens + [int(ids[0])] == self.full[: n + 1]
+        self.forwards += 1
+        return self.inner.forward(ids)
+
+    def truncate(self, n: int) -> None:
+        self.inner.truncate(n)
+        assert self.inner.tokens == self.full[:n]
+        self.truncates += 1
+
+
+def _index_with_reference() -> NgramIndex:
+    index = NgramIndex()
+    index.update("other.py", [1, 2, 3] + REF[5:25] + [60, 61] + REF[30:44])
+    return index
+
+
+def _drafters() -> list[tuple[str, Drafter]]:
+    out: list[tuple[str, Drafter]] = [
+        ("right", ScriptedDrafter(PROMPT, REF, 64, "right")),
+        ("wrong", ScriptedDrafter(PROMPT, REF, 64, "wrong")),
+    ]
+    out += [(f"wrong_at_{j}", ScriptedDrafter(PROMPT, REF, 64, "wrong_at", j)) for j in range(K + 1)]
+    near = FakeLM.perturbed(TARGET, 0.4, seed=11)
+    out += [
+        ("lookup", PromptLookupDrafter(_index_with_reference())),
+        ("draft_other_seed", DraftModelDrafter(FakeLM(FakeLMConfig(vocab=64, window=3, seed=7)))),
+        ("draft_near", DraftModelDrafter(near)),
+        ("hybrid", HybridDrafter(PromptLookupDrafter(_index_with_reference()), DraftModelDrafter(near))),
+    ]
+    return out
+
+
+GAMMAS = {
+    "fixed1": DecodeSettings(max_new_tokens=N, gamma=1, adaptive_gamma=False, min_speedup=0.0),
+    "fixedK": DecodeSettings(max_new_tokens=N, gamma=K, gamma_max=K, adaptive_gamma=False, min_speedup=0.0),
+    "adaptive": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8, min_speedup=0.0),
+    "pays_check": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8, draft_cost_ratio=0.3),
+}
+
+
+@pytest.mark.parametrize("gamma", list(GAMMAS))
+@pytest.mark.parametrize("which", [name for name, _ in _drafters()])
+def test_speculative_equals_plain_greedy(which: str, gamma: str) -> None:
+    drafter = dict(_drafters())[which]
+    cache = CheckedCache(TARGET.new_cache(), FULL)
+    result = generate(cache, PROMPT, drafter, GAMMAS[gamma], frozenset())
+    assert result.tokens == REF
+    assert result.stop_reason == "max_tokens"
+    assert cache.inner.tokens == FULL[: cache.length]  # on return: a prefix of prompt + tokens
+    assert cache.length >= len(FULL) - 1
+    assert result.target_passes == cache.forwards - 1  # one prefill forward, then one per pass
+    assert sum(s.drafted for s in result.per_drafter.values()) == result.drafted
+    assert sum(s.accepted for s in result.per_drafter.values()) == result.accepted
+    assert result.accepted + result.target_passes == len(REF)  # each pass: accepted + one token
+
+
+def test_always_right_drafter_takes_few_passes_and_wrong_one_takes_n() -> None:
+    fixed = GAMMAS["fixedK"]
+    right = generate(
+        TARGET.new_cache(), PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), fixed, frozenset()
+    )
+    assert right.target_passes == -(-N // (K + 1))  # ceil(N / (K+1)): K accepted + bonus. Not N
+    assert right.accepted == N - right.target_passes
+    full, rest = divmod(N, K + 1)  # full passes, then one pass drafting rest - 1 (max_new_tokens clip)
+    assert right.accept_hist == [full + (i < rest - 1) for i in range(K)]
+    wrong = generate(
+        TARGET.new_cache(), PROMPT, ScriptedDrafter(PROMPT, REF, 64, "wrong"), fixed, frozenset()
+    )
+    assert wrong.target_passes == N
+    assert wrong.accepted == 0 and wrong.drafted > 0
+    assert wrong.accept_hist == [0] * len(wrong.accept_hist)
+
+
+@pytest.mark.parametrize("j", range(K))
+def test_accept_hist_for_wrong_at_j(j: int) -> None:
+    fixed = GAMMAS["fixedK"]
+    result = generate(
+        TARGET.new_cache(), PROMPT, ScriptedDrafter(PROMPT, REF, 64, "wrong_at", j), fixed, frozenset()
+    )
+    proposals = result.per_drafter["scripted-wrong_at"].proposals
+    # positions before j are accepted in every full-length pass, from j on never. Not all zero
+    assert all(result.accept_hist[i] >= proposals - 2 for i in range(j))
+    assert all(result.accept_hist[i] == 0 for i in range(j, len(result.accept_hist)))
+
+
+@pytest.mark.parametrize("cached", [0, 1, 4, len(PROMPT) - 1, len(PROMPT)])
+def test_prefix_reuse_equals_fresh(cached: int) -> None:
+    cache = TARGET.new_cache()
+    if cached:
+        cache.forward(PROMPT[:cached])
+    drafter = HybridDrafter(
+        PromptLookupDrafter(NgramIndex()), DraftModelDrafter(FakeLM.perturbed(TARGET, 0.4, 3))
+    )
+    result = generate(cache, PROMPT, drafter, GAMMAS["adaptive"], frozenset())
+    assert result.tokens == REF
+    # tokens computed: the uncached ones, or the last one re-fed when all were cached. Not 0
+    assert result.prefill_tokens == max(len(PROMPT) - cached, 1)
+
+
+def test_cache_after_generate_serves_the_next_request() -> None:
+    cache = TARGET.new_cache()
+    first = generate(cache, PROMPT, None, DecodeSettings(max_new_tokens=20), frozenset())
+    held = (PROMPT + first.tokens)[: cache.length]
+    assert cache.tokens == held
+    prompt2 = held[:-3] + [11, 12]  # the user edited near the end
+    cache.truncate(len(held) - 3)  # the caller keeps the common prefix
+    second = generate(
+        cache, prompt2, ScriptedDrafter(prompt2, [], 64), DecodeSettings(max_new_tokens=20), frozenset()
+    )
+    assert second.tokens == TARGET.greedy(prompt2, 20)
+    assert second.prefill_tokens == 2
+
+
+def test_eos_stops_and_is_not_included() -> None:
+    eos = REF[12]
+    expected = TARGET.greedy(PROMPT, N, frozenset({eos}))
+    assert len(expected) < N  # the eos really occurs
+    for drafter in (None, ScriptedDrafter(PROMPT, REF, 64, "right")):
+        cache = CheckedCache(TARGET.new_cache(), FULL)
+        result = generate(cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset({eos}))
+        assert result.tokens == expected  # Not expected + [eos]
+        assert result.stop_reason == "eos"
+        assert cache.inner.tokens == (PROMPT + expected)[: cache.length]
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 5, 7, 11])
+def test_max_new_tokens_never_exceeded(max_new: int) -> None:
+    settings = DecodeSettings(max_new_tokens=max_new, gamma=8, gamma_max=8, min_speedup=0.0)
+    cache = CheckedCache(TARGET.new_cache(), FULL)
+    result = generate(cache, PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), settings, frozenset())
+    assert result.tokens == REF[:max_new]  # Not REF[:max_new + bonus]
+    assert result.stop_reason == "max_tokens"
+
+
+def test_stop_callback_cuts_inside_an_accepted_draft() -> None:
+    target_token = REF[6]
+    first = REF.index(target_token)
+    cache = CheckedCache(TARGET.new_cache(), FULL)
+    result = generate(
+        cache,
+        PROMPT,
+        ScriptedDrafter(PROMPT, REF, 64, "right"),
+        GAMMAS["fixedK"],
+        frozenset(),
+        stop=lambda toks: toks[-1] == target_token,
+    )
+    assert result.tokens == REF[: first + 1]  # the stop token is kept; nothing after it
+    assert result.stop_reason == "stop"
+    assert cache.inner.tokens == FULL[: cache.length]
+
+
+@pytest.mark.parametrize("m", [0, 1, 3])
+def test_cancel_returns_after_exactly_that_pass(m: int) -> None:
+    cache = TARGET.new_cache()
+    # the first forward is the prefill; decode passes = forwards - 1
+    result = generate(
+        cache,
+        PROMPT,
+        ScriptedDrafter(PROMPT, REF, 64, "wrong_at", 2),
+        GAMMAS["fixedK"],
+        frozenset(),
+        cancelled=lambda: cache.counter.calls - 1 >= m,
+    )
+    assert result.stop_reason == "cancelled"
+    assert result.target_passes == m  # Not m + 1
+    assert cache.counter.calls == m + 1
+    assert result.tokens == REF[: len(result.tokens)]
+    assert len(result.tokens) >= m
+
+
+def test_cancelled_before_start_runs_nothing() -> None:
+    cache = TARGET.new_cache()
+    result = generate(cache, PROMPT, None, GAMMAS["fixed1"], frozenset(), cancelled=lambda: True)
+    assert result.stop_reason == "cancelled" and result.tokens == []
+    assert cache.counter.calls == 0
+
+
+def test_deadline_with_injected_clock() -> None:
+    cache = TARGET.new_cache()
+    # time = number of forward calls so far: each decode pass takes "1 second"
+    result = generate(
+        cache,
+        PROMPT,
+        ScriptedDrafter(PROMPT, REF, 64, "wrong"),
+        DecodeSettings(max_new_tokens=N, deadline_s=3.5, min_speedup=0.0),
+        frozenset(),
+        clock=lambda: float(cache.counter.calls),
+    )
+    assert result.stop_reason == "deadline"
+    assert result.target_passes == 4  # the first pass whose end is past 3.5 s. Not 3
+    assert result.tokens == REF[:4]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached"),
+    [([], 0), ([1, 2], 3)],
+)
+def test_bad_input_is_a_clear_error(prompt: list[int], cached: int) -> None:
+    cache = TARGET.new_cache()
+    if cached:
+        cache.forward([1] * cached)
+    with pytest.raises(ValueError):
+        generate(cache, prompt, None, DecodeSettings(), frozenset())
+
+
+def test_zero_max_new_tokens_is_an_empty_result() -> None:
+    cache = TARGET.new_cache()
+    result = generate(cache, PROMPT, None, DecodeSettings(max_new_tokens=0), frozenset())
+    assert result.tokens == [] and cache.counter.calls == 0
+
+
+def test_pays_check_turns_drafting_off_for_a_useless_drafter() -> None:
+    settings = DecodeSettings(max_new_tokens=N, gamma=3, draft_cost_ratio=0.5)
+    drafter = ScriptedDrafter(PROMPT, REF, 64, "wrong")
+    result = generate(TARGET.new_cache(), PROMPT, drafter, settings, frozenset())
+    assert result.tokens == REF
+    proposals = result.per_drafter["scripted-wrong"].proposals
+    assert proposals < N // 2  # drafting was off most of the time. Not N
+    always = generate(
+        TARGET.new_cache(), PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), settings, frozenset()
+    )
+    assert always.per_drafter["scripted-right"].proposals == always.target_passes  # pays: stays on
+
+
+def test_hybrid_reports_sub_drafter_stats() -> None:
+    result = generate(
+        TARGET.new_cache(),
+        PROMPT,
+        HybridDrafter(
+            PromptLookupDrafter(_index_with_reference()), DraftModelDrafter(FakeLM.perturbed(TARGET, 0.4, 3))
+        ),
+        GAMMAS["adaptive"],
+        frozenset(),
+    )
+    assert set(result.per_drafter) == {"lookup", "draft"}  # Not {"hybrid"}
+    assert result.per_drafter["lookup"].accepted > 0
+    assert result.per_drafter["draft"].accepted > 0
+
+
+# -- sampling mode -----------------------------------------------------------------------------
+
+
+def test_sampling_is_reproducible_with_a_seed() -> None:
+    settings = DecodeSettings(max_new_tokens=20, temperature=0.8, seed=42, min_speedup=0.0)
+    draft = FakeLM.perturbed(TARGET, 0.4, 3)
+    a = generate(TARGET.new_cache(), PROMPT, DraftModelDrafter(draft), settings, frozenset())
+    b = generate(TARGET.new_cache(), PROMPT, DraftModelDrafter(draft), settings, frozenset())
+    c = generate(
+        TARGET.new_cache(),
+        PROMPT,
+        DraftModelDrafter(draft),
+        DecodeSettings(max_new_tokens=20, temperature=0.8, seed=43, min_speedup=0.0),
+        frozenset(),
+    )
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+
+
+@pytest.mark.parametrize("which", ["draft", "hybrid", "none"])
+def test_sampling_loop_matches_target_distribution(which: str) -> None:
+    """Joint distribution of the first two tokens through the whole loop (gamma 2) == p(t1) p(t2|t1)."""
+    vocab = 6
+    target = FakeLM(FakeLMConfig(vocab=vocab, window=1, seed=1, scale=1.0))
+    draft_lm = FakeLM.perturbed(target, 0.8, seed=2)
+    prompt = [0, 1, 2, 3, 1]
+    temperature = 0.9
+    p1 = process_logits(target.logits_at(prompt, len(prompt) - 1), temperature)
+    p2 = np.stack([process_logits(target.logits_at([t], 0), temperature) for t in range(vocab)])
+    exact = p1[:, None] * p2  # [vocab, vocab]
+    index = NgramIndex(min_n=1, max_n=2)
+    index.update("doc", [1, 4, 2, 1, 5, 5, 1, 3])
+    draws = 5000
+    counts = np.zeros((vocab, vocab))
+    drafted = 0
+    for seed in range(draws):
+        drafter: Drafter | None = None
+        if which == "draft":
+            drafter = DraftModelDrafter(draft_lm)
+        elif which == "hybrid":
+            from specls.decoder.drafters import DrafterSettings
+
+            ds = DrafterSettings(lookup_min_n=1, lookup_max_n=2, hybrid_min_match=1, hybrid_extend_min=1)
+            drafter = HybridDrafter(PromptLookupDrafter(index, ds), DraftModelDrafter(draft_lm, ds), ds)
+        settings = DecodeSettings(
+            max_new_tokens=3,
+            gamma=2,
+            adaptive_gamma=False,
+            temperature=temperature,
+            seed=seed,
+            min_speedup=0.0,
+        )
+        result = generate(target.new_cache(), prompt, drafter, settings, frozenset())
+        counts[result.tokens[0], result.tokens[1]] += 1
+        drafted += result.drafted
+    tv = 0.5 * np.abs(counts / draws - exact).sum()
+    assert tv < 0.05
+    if which != "none":
+        assert drafted >= draws  # the drafter really drafted
