@@ -130,3 +130,49 @@ def test_corrupt_dirs(exported: dict[str, Path], tmp_path: Path) -> None:
 
     with pytest.raises(ModelLoadError, match="provider"):
         OnnxCausalLM(src, RuntimeSettings(provider="tpu"))
+
+
+def test_loader(exported: dict[str, Path], tmp_path: Path) -> None:
+    from specls.models.loader import bundled_dir, check_pair, load_model, load_pair, resolve_model_dir
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    assert bundled_dir("draft").parts[-2:] == ("bundled", "draft")
+    with pytest.raises(ValueError, match="role"):
+        bundled_dir("critic")
+    assert resolve_model_dir(str(exported["llama"]), "target") == exported["llama"]
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        resolve_model_dir(str(tmp_path / "nope"), "draft")
+
+    cpu = RuntimeSettings(provider="cpu")
+    target, draft = load_pair(str(exported["llama"]), str(exported["qwen2"]), cpu)
+    assert target.spec.model_type == "llama" and draft.spec.model_type == "qwen2"
+
+    # a draft with another tokenizer is refused, naming the draft's tokenizer file
+    other = _copy(exported["qwen2"], tmp_path / "othertok")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=280, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(["zzz yyy xxx www"] * 50, trainer)
+    tok.save(str(other / "tokenizer.json"))
+    with pytest.raises(ModelLoadError, match=r"othertok/tokenizer\.json.*same tokenizer"):
+        check_pair(target, load_model(other, cpu))
+
+
+def test_cli_export(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specls.cli import main
+
+    out = tmp_path / "cli-out"
+    rc = main(["export", str(tiny_checkpoints["qwen2"]), "--out", str(out), "--tolerance", "1e-4"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "n5_past7" in captured.out and "exported" in captured.out
+    assert "100%" in captured.err  # progress bar reached the end
+    lm = OnnxCausalLM(out, RuntimeSettings(provider="cpu"))
+    assert lm.new_cache().forward([1, 2, 3]).shape == (3, 300)
+    # a failing export is an exit code and a message, not a traceback
+    rc = main(["export", str(tmp_path / "no" / "such" / "dir"), "--out", str(tmp_path / "x")])
+    assert rc == 1 and "not a checkpoint directory" in capsys.readouterr().err
