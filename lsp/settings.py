@@ -1,0 +1,147 @@
+"""Server settings: one frozen dataclass, parsed from ``initializationOptions`` and
+``workspace/didChangeConfiguration``.
+
+Both a flat dict (``{"maxTokens": 48}``) and a namespaced one (``{"specls": {"maxTokens": 48}}``) are
+accepted; keys may be camelCase or snake_case. Unknown keys and invalid values never raise: they are
+collected as problem strings (the server reports each one once) and the previous value is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MULTILINE_MODES = ("auto", "always", "never")
+LOG_LEVELS = ("error", "warning", "info", "debug")
+
+# Settings that only take effect when the engine is (re)built, i.e. before the model is loaded.
+ENGINE_FIELDS = frozenset({"model", "draft", "drafting", "draft_model", "gamma", "threads"})
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything the language server can be told. Defaults are what `specls serve` uses."""
+
+    model: str = ""  # target model dir; "" = the bundled one
+    draft: str = ""  # draft model dir; "" = the bundled one
+    max_tokens: int = 64  # per completion
+    drafting: bool = True  # speculative decoding on/off (off = plain greedy on the target)
+    draft_model: bool = True  # use the draft model (off = prompt lookup drafts only)
+    gamma: int = 5  # initial draft length
+    threads: int = 0  # onnxruntime intra-op threads; 0 = runtime default
+    languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
+    debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
+    multiline: str = "auto"  # auto | always | never
+    team_token: str = ""  # for the team service (unused by the local server)
+    log_level: str = "info"  # error | warning | info | debug
+
+    def changed_engine_fields(self, other: ServerSettings) -> list[str]:
+        return sorted(f for f in ENGINE_FIELDS if getattr(self, f) != getattr(other, f))
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+_ALIASES = {"max_new_tokens": "max_tokens", "draft_length": "gamma", "enabled_languages": "languages"}
+
+
+def _as_int(value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("expected an integer")
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError("expected an integer")
+    number = int(value)
+    if not lo <= number <= hi:
+        raise ValueError(f"expected {lo}..{hi}")
+    return number
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "on", "off", "1", "0"):
+        return value.lower() in ("true", "on", "1")
+    raise ValueError("expected true or false")
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def _as_choice(value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}")
+    return value.lower()
+
+
+def _as_languages(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError("expected a list of languageIds")
+    return tuple(v.strip() for v in value)
+
+
+def _convert(name: str, value: Any) -> Any:
+    if name in ("model", "draft", "team_token"):
+        return _as_str(value)
+    if name == "max_tokens":
+        return _as_int(value, 1, 1024)
+    if name == "gamma":
+        return _as_int(value, 1, 32)
+    if name == "threads":
+        return _as_int(value, 0, 256)
+    if name == "debounce_ms":
+        return _as_int(value, 0, 5000)
+    if name in ("drafting", "draft_model"):
+        return _as_bool(value)
+    if name == "languages":
+        return _as_languages(value)
+    if name == "multiline":
+        return _as_choice(value, MULTILINE_MODES)
+    if name == "log_level":
+        return _as_choice(value, LOG_LEVELS)
+    raise KeyError(name)
+
+
+def parse_settings(raw: object, base: ServerSettings | None = None) -> tuple[ServerSettings, list[str]]:
+    """Apply ``raw`` (client options) on top of ``base``. Returns the new settings and a list of
+    human-readable problems (unknown keys, invalid values), each of which was ignored."""
+    settings = base or ServerSettings()
+    problems: list[str] = []
+    if raw is None:
+        return settings, problems
+    if not isinstance(raw, Mapping):
+        return settings, [f"settings must be an object, got {type(raw).__name__}; ignored"]
+    section: Mapping[Any, Any] = raw
+    nested = raw.get("specls")
+    if nested is not None:
+        if isinstance(nested, Mapping):
+            section = nested
+            # other top-level sections belong to other tools: not ours to complain about
+        else:
+            return settings, ["setting 'specls' must be an object; ignored"]
+    names = {f.name for f in dataclasses.fields(ServerSettings)}
+    updates: dict[str, Any] = {}
+    for key, value in section.items():
+        if not isinstance(key, str):
+            problems.append(f"unknown setting {key!r}; ignored")
+            continue
+        name = _snake(key)
+        name = _ALIASES.get(name, name)
+        if name not in names:
+            problems.append(f"unknown setting {key!r}; ignored")
+            continue
+        if value is None:  # clients send null for "unset": keep the current value
+            continue
+        try:
+            updates[name] = _convert(name, value)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"invalid value {value!r} for setting {key!r} ({exc}); ignored")
+    return dataclasses.replace(settings, **updates), problems

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+from specls.lsp.postprocess import Completion, finalize, make_context, stop_point
+
+# (prefix, suffix, raw completion, expected finalize result); comment = the wrong answer it guards against
+CASES = [
+    # suffix duplication
+    ("print(", ")\n", '"hi")', Completion('"hi"', 0)),  # not '"hi")' -> print("hi"))
+    ('print("hel', '")\n', 'lo")', Completion("lo", 0)),  # not 'lo")' -> print("hello"")")
+    ("foo(", ", y)\n", "a, y)", Completion("a", 0)),  # not "a, y)" repeating the existing ", y)"
+    ("x = ", "y\n", "return y", Completion("return ", 0)),  # not "return" -> "returny"
+    # the completion rewrites the closing brackets: replace to end of line
+    ("print(", ")\n", '"hi"):', Completion('"hi"):', 1)),  # not an insert -> print("hi"):)
+    ('print("hel', '")\n', 'lo"):', Completion('lo"):', 2)),
+    # outer closers that do not cover the rest of the line: cut before them
+    ("if foo(", "):\n", "x)", Completion("x", 0)),  # not replace -> "if foo(x)" losing ":"
+    ("foo(bar(", "))\n", "x)", Completion("x", 0)),  # not replace -> foo(bar(x) losing a paren
+    ("foo(", ", y)\n", "a)", Completion("a", 0)),
+    # unmatched closers end the completion
+    ("x = ", "\n", "1)", Completion("1", 0)),  # not "1)" with no "(" anywhere
+    ("x = [1, ", "\n", "2]]", Completion("2]", 0)),  # the first ] closes the open [, the second has none
+    # multi-line: block end and blank lines
+    ("def f():", "\n", "\n    return 1\n\ndef g():\n    pass", Completion("\n    return 1", 0)),
+    ("def f():\n    x = 1", "\n", "\n    y = 2\nz = 3", Completion("\n    y = 2", 0)),  # not past the dedent
+    # repeating the next line already in the file
+    ("def f():\n    x = 1", "\n    return x\n", "\n    y = 2\n    return x\n", Completion("\n    y = 2", 0)),
+    # single-line mode mid-line before real text
+    ("x = ", " + offset\n", "base\nmore", Completion("base", 0)),  # not "base\nmore" splitting the line
+    # empty / whitespace only results are None
+    ("x = 1", "\n", "   \n\n", None),
+    ("foo(", ")\n", ")", None),  # only the duplicate of the suffix
+    # brackets and quotes inside strings and comments do not count
+    ("x = ", "\n", "f(')') + 1", Completion("f(')') + 1", 0)),
+    ("x = 1", "\n", "  # (not closed", Completion("  # (not closed", 0)),
+    # tabs: dedent measured with tabs expanded
+    ("if a:\n\tx = 1", "\n", "\n\ty = 2\nz", Completion("\n\ty = 2", 0)),
+]
+
+
+@pytest.mark.parametrize(("prefix", "suffix", "raw", "want"), CASES)
+def test_finalize_table(prefix, suffix, raw, want):
+    ctx = make_context(prefix, suffix)
+    assert finalize(ctx, raw) == want
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "multi"),
+    [
+        ("x = ", "\n", True),  # end of line
+        ("print(", ")\n", True),  # only closers after the cursor
+        ("x = ", " + 1\n", False),  # real text after the cursor
+        ("foo(", ", y)\n", False),
+        ("    ", "\n", True),
+    ],
+)
+def test_mode(prefix, suffix, multi):
+    assert make_context(prefix, suffix).multiline is multi
+
+
+def test_multiline_setting_overrides():
+    assert make_context("x = ", " + 1\n", multiline="always").multiline
+    assert not make_context("x = ", "\n", multiline="never").multiline
+
+
+def test_stop_is_streaming_and_idempotent():
+    ctx = make_context("def f():", "\n")
+    text = "\n    return 1\n\ndef g"
+    stops = [stop_point(ctx, text[:n]) for n in range(len(text) + 1)]
+    first = next(i for i, s in enumerate(stops) if s is not None)
+    # it fires as soon as the blank line is complete, not before
+    assert text[:first].endswith("\n\n")
+    keep = stops[first]
+    assert keep is not None and text[:keep] == "\n    return 1"
+    assert stop_point(ctx, text[:keep]) is None  # applying it again changes nothing
+
+
+def test_single_line_stops_at_newline():
+    ctx = make_context("x = ", " + 1\n")
+    assert stop_point(ctx, "abc") is None
+    assert stop_point(ctx, "abc\ndef") == 3
+
+
+def test_truncated_multiline_drops_partial_last_line_and_unclosed_brackets():
+    ctx = make_context("def f():", "\n")
+    raw = "\n    x = 1\n    y = call(a,\n        b"
+    out = finalize(ctx, raw, truncated=True)
+    assert out == Completion("\n    x = 1", 0)  # not the half call "y = call(a," left open
+
+
+def test_crlf_prefix_line_detection():
+    ctx = make_context("a = 1\r\nb = ", "\r\n")
+    assert ctx.line_prefix == "b = " and ctx.line_suffix == ""

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import pytest
+from specls.lsp.settings import ServerSettings, parse_settings
+
+
+def test_defaults_are_sane():
+    s = ServerSettings()
+    assert s.max_tokens > 0 and s.multiline == "auto" and s.drafting and s.languages == ()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"maxTokens": 32, "multiline": "never", "languages": ["python", "rust"]},
+        {"specls": {"max_tokens": 32, "multiline": "NEVER", "languages": "python,rust"}},
+    ],
+)
+def test_flat_and_namespaced_camel_and_snake(raw):
+    s, problems = parse_settings(raw)
+    assert problems == []
+    assert s.max_tokens == 32 and s.multiline == "never" and s.languages == ("python", "rust")
+
+
+def test_unknown_and_invalid_are_reported_and_ignored():
+    base = ServerSettings(max_tokens=40)
+    s, problems = parse_settings(
+        {"maxTokens": -3, "bogus": 1, "multiline": "sometimes", "drafting": "maybe", "gamma": 4}, base
+    )
+    assert s.max_tokens == 40  # invalid value keeps the previous one
+    assert s.multiline == "auto" and s.drafting is True
+    assert s.gamma == 4  # the valid one still applies
+    assert len(problems) == 4
+    assert any("bogus" in p for p in problems)
+    assert any("maxTokens" in p for p in problems)
+
+
+@pytest.mark.parametrize("raw", ["a string", 5, [1, 2], {"specls": 7}])
+def test_wrong_shapes_never_raise(raw):
+    s, problems = parse_settings(raw)
+    assert s == ServerSettings()
+    assert len(problems) == 1
+
+
+def test_none_and_null_values_keep_settings():
+    base = ServerSettings(max_tokens=12)
+    assert parse_settings(None, base) == (base, [])
+    assert parse_settings({"maxTokens": None}, base) == (base, [])
+
+
+def test_bool_is_not_an_int_and_float_ints_are():
+    s, problems = parse_settings({"maxTokens": True, "gamma": 3.0, "debounceMs": 2.5})
+    assert s.max_tokens == ServerSettings().max_tokens  # True is not 1 token
+    assert s.gamma == 3
+    assert s.debounce_ms == 0
+    assert len(problems) == 2
+
+
+def test_engine_fields_change_detection():
+    a = ServerSettings()
+    b, _ = parse_settings({"model": "/m", "maxTokens": 8, "draftModel": False})
+    assert a.changed_engine_fields(b) == ["draft_model", "model"]
