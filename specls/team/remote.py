@@ -1,0 +1,439 @@
+"""``RemoteEngine``: the Engine protocol over an OpenAI-compatible ``/v1/completions`` API (vLLM,
+SGLang, llama.cpp's server, or another specls running ``specls serve-engine``).
+
+specls stays the editor-facing front end: the LSP layer, text-level stops, cancellation and caching
+run here, the model runs there.
+
+- Prompt: either the API's ``suffix`` field (servers that do fill-in-the-middle themselves, such as
+  ``specls serve-engine``) or a FIM template filled in here (``QWEN_FIM`` for vLLM/llama.cpp serving a
+  Qwen2.5-Coder base model, whose completions endpoint has no ``suffix``). Prefix/suffix are clipped to
+  a character budget.
+- Streaming: Server-Sent Events; the text-level ``stop`` runs on every chunk and closes the stream as
+  soon as the completion is finished.
+- Cancellation: a watcher polls the cancel check and shuts the socket down, which aborts the HTTP
+  stream (the server sees the disconnect and stops generating).
+- Caching: an LRU of finished completions per (prefix, suffix, max_tokens), and "typed-ahead" reuse:
+  when the user typed exactly the start of the last completion, the rest of it is the answer
+  (greedy decoding would produce the same continuation) without a round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specls.decoder.api import (
+    CancelCheck,
+    CompletionRequest,
+    CompletionResult,
+    DrafterStats,
+    EngineError,
+    never_cancelled,
+)
+
+log = logging.getLogger(__name__)
+
+QWEN_FIM = "<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
+QWEN_STOPS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|im_end|>")
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    base_url: str  # http(s)://host:port, with or without a trailing /v1
+    model: str = ""  # sent as "model"; "" = the first model the server lists
+    api_key: str | None = None  # sent as "Authorization: Bearer ..." (never logged)
+    fim_template: str | None = None  # None = send the API's suffix field; else e.g. QWEN_FIM
+    stop: tuple[str, ...] = ()  # stop strings sent to the server
+    stream: bool = True
+    temperature: float = 0.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0  # longest silence from the server before giving up
+    max_prefix_chars: int = 16_000
+    max_suffix_chars: int = 4_000
+    cache_size: int = 256
+    send_doc_id: bool = True  # "user" = hash of the document id (lets serve-engine reuse its KV)
+    cancel_poll_s: float = 0.02
+
+
+def fill_template(template: str, prefix: str, suffix: str) -> str:
+    """``template`` with ``{prefix}``/``{suffix}`` substituted literally (code may contain braces)."""
+    head, sep, rest = template.partition("{prefix}")
+    if not sep:
+        raise ValueError("FIM template must contain {prefix}")
+    mid, sep2, tail = rest.partition("{suffix}")
+    if not sep2:
+        return head + prefix + rest
+    return head + prefix + mid + suffix + tail
+
+
+def parse_sse_data(line: bytes) -> str | None:
+    """The payload of one SSE ``data:`` line, or None for other lines (comments, event names)."""
+    s = line.decode("utf-8", "replace").rstrip("\r\n")
+    if not s.startswith("data:"):
+        return None
+    return s[5:].lstrip(" ")
+
+
+@dataclass
+class _Cached:
+    text: str  # what the server produced (before our text-level stop)
+    complete: bool  # the server finished on its own (not cut by our stop / cancel)
+    tokens: int
+
+
+class RemoteEngine:
+    def __init__(self, settings: RemoteSettings) -> None:
+        self.settings = settings
+        url = settings.base_url.rstrip("/")
+        if url.endswith("/v1"):
+            url = url[:-3]
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise EngineError(f"remote engine URL must be http(s)://host[:port], got {settings.base_url!r}")
+        self._scheme = parsed.scheme
+        self._host = parsed.hostname
+        self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._base_path = parsed.path.rstrip("/")
+        self._model = settings.model
+        self._ready = False
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str, int], _Cached] = OrderedDict()
+        self._last: dict[str, tuple[str, str, _Cached]] = {}  # doc -> (prefix, suffix, result)
+        self._docs: set[str] = set()
+        self._stats = {
+            "requests": 0,
+            "http_requests": 0,
+            "errors": 0,
+            "cache_hits": 0,
+            "typed_ahead_hits": 0,
+            "aborted_streams": 0,
+            "tokens": 0,
+        }
+
+    @property
+    def url(self) -> str:
+        return f"{self._scheme}://{self._host}:{self._port}{self._base_path}"
+
+    # -- HTTP plumbing ---------------------------------------------------------------------------
+
+    def _conn(self) -> http.client.HTTPConnection:
+        if self._scheme == "https":
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=self.settings.connect_timeout_s
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=self.settings.connect_timeout_s)
+
+    def _headers(self, body: bool) -> dict[str, str]:
+        h = {"Accept": "application/json, text/event-stream", "User-Agent": "specls"}
+        if body:
+            h["Content-Type"] = "application/json"
+        if self.settings.api_key:
+            h["Authorization"] = f"Bearer {self.settings.api_key}"
+        return h
+
+    def _fail(self, what: str, exc: BaseException | str) -> EngineError:
+        with self._lock:
+            self._stats["errors"] += 1
+        reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        return EngineError(f"remote engine at {self.url}: {what}: {reason}")
+
+    @staticmethod
+    def _error_detail(resp: http.client.HTTPResponse) -> str:
+        try:
+            raw = resp.read(4096).decode("utf-8", "replace")
+        except OSError:
+            return f"HTTP {resp.status}"
+        try:
+            obj = json.loads(raw)
+            err = obj.get("error") if isinstance(obj, dict) else None
+            if isinstance(err, dict):
+                raw = str(err.get("message", raw))
+            elif isinstance(err, str):
+                raw = err
+        except ValueError:
+            pass
+        return f"HTTP {resp.status}: {raw.strip()[:300]}"
+
+    # -- Engine protocol -------------------------------------------------------------------------
+
+    def load(self, progress: Callable[[str, float], None] | None = None) -> None:
+        if progress is not None:
+            progress(f"connecting to {self.url}", 0.0)
+        conn = self._conn()
+        try:
+            conn.request("GET", f"{self._base_path}/v1/models", headers=self._headers(False))
+            resp = conn.getresponse()
+            if resp.status in (401, 403):
+                raise self._fail("listing models", self._error_detail(resp) + " (check the API key)")
+            if resp.status == 200:
+                data = json.loads(resp.read() or b"{}")
+                ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+                if not self._model and ids and isinstance(ids[0], str):
+                    self._model = ids[0]
+                elif self._model and ids and self._model not in ids:
+                    raise self._fail("listing models", f"model {self._model!r} not served (has {ids})")
+            elif resp.status != 404:  # a server without /v1/models still may serve completions
+                raise self._fail("listing models", self._error_detail(resp))
+        except EngineError:
+            raise
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise self._fail("cannot connect", exc) from None
+        finally:
+            conn.close()
+        self._ready = True
+        if progress is not None:
+            progress(f"remote engine ready ({self._model or 'default model'})", 1.0)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def update_document(self, doc_id: str, text: str) -> None:
+        with self._lock:
+            self._docs.add(doc_id)
+
+    def close_document(self, doc_id: str) -> None:
+        with self._lock:
+            self._docs.discard(doc_id)
+            self._last.pop(doc_id, None)
+
+    def stats(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "engine": "remote",
+                "url": self.url,
+                "model": self._model,
+                "open_documents": len(self._docs),
+                "cached_completions": len(self._cache),
+                **self._stats,
+            }
+
+    def _from_cache(self, request: CompletionRequest) -> CompletionResult | None:
+        key = (request.prefix, request.suffix, request.max_tokens)
+        reuse = False
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                text, complete = hit.text, hit.complete
+            else:
+                last = self._last.get(request.doc_id)
+                if last is None:
+                    return None
+                old_prefix, old_suffix, old = last
+                typed = request.prefix[len(old_prefix) :]
+                if not (
+                    request.suffix == old_suffix
+                    and request.prefix.startswith(old_prefix)
+                    and typed
+                    and old.text.startswith(typed)
+                    and len(old.text) > len(typed)
+                ):
+                    return None
+                text, complete, reuse = old.text[len(typed) :], old.complete, True
+        keep = request.stop(text) if request.stop is not None else None
+        if keep is None and not complete:
+            return None  # the cached text was cut short; it may not reach this request's stop
+        out = text if keep is None else text[:keep]
+        if not out:
+            return None
+        with self._lock:
+            self._stats["typed_ahead_hits" if reuse else "cache_hits"] += 1
+            self._stats["requests"] += 1
+        return CompletionResult(
+            text=out,
+            tokens=0,
+            stop_reason="stop" if keep is not None else "max_tokens",
+            cache_hit=True,
+            completion_reuse=reuse,
+            provider="remote",
+        )
+
+    def _body(self, request: CompletionRequest) -> dict[str, object]:
+        s = self.settings
+        prefix = request.prefix[-s.max_prefix_chars :] if s.max_prefix_chars else request.prefix
+        suffix = request.suffix[: s.max_suffix_chars] if s.max_suffix_chars else request.suffix
+        body: dict[str, object] = {
+            "max_tokens": int(request.max_tokens),
+            "temperature": s.temperature,
+            "stream": s.stream,
+        }
+        if self._model:
+            body["model"] = self._model
+        if s.fim_template:
+            body["prompt"] = fill_template(s.fim_template, prefix, suffix)
+        else:
+            body["prompt"] = prefix
+            body["suffix"] = suffix
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if s.send_doc_id:
+            body["user"] = hashlib.sha256(request.doc_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+        return body
+
+    def complete(
+        self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
+    ) -> CompletionResult:
+        if request.max_tokens <= 0:
+            return CompletionResult(text="", stop_reason="max_tokens", provider="remote")
+        cached = self._from_cache(request)
+        if cached is not None:
+            return cached
+        if cancelled():
+            return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider="remote")
+        t0 = time.perf_counter()
+        body = json.dumps(self._body(request)).encode("utf-8")
+        conn = self._conn()
+        done = threading.Event()
+        aborted = threading.Event()
+        # getresponse() hands the socket to the response (conn.sock becomes None): keep our own handle
+        sock_box: list[socket.socket] = []
+
+        def watch() -> None:
+            while not done.wait(self.settings.cancel_poll_s):
+                try:
+                    stop = cancelled()
+                except Exception:
+                    stop = True
+                if stop:
+                    aborted.set()
+                    for sock in sock_box:
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                    return
+
+        watcher = threading.Thread(target=watch, name="specls-remote-cancel", daemon=True)
+        with self._lock:
+            self._stats["http_requests"] += 1
+        raw = ""
+        finish: str | None = None
+        kept: int | None = None
+        chunks = 0
+        extra: dict[str, object] = {}
+        try:
+            conn.request("POST", f"{self._base_path}/v1/completions", body=body, headers=self._headers(True))
+            if conn.sock is not None:
+                conn.sock.settimeout(self.settings.read_timeout_s)
+                sock_box.append(conn.sock)
+            watcher.start()
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise self._fail("completion failed", self._error_detail(resp))
+            ctype = resp.getheader("Content-Type", "")
+            if "text/event-stream" in ctype:
+                while True:
+                    line = resp.readline()
+                    if not line:
+                        break
+                    data = parse_sse_data(line)
+                    if data is None or not data:
+                        continue
+                    if data.strip() == "[DONE]":
+                        break
+                    obj = json.loads(data)
+                    if isinstance(obj, dict) and obj.get("error"):
+                        raise self._fail("stream error", str(obj["error"])[:300])
+                    choice = (obj.get("choices") or [{}])[0]
+                    piece = choice.get("text") or ""
+                    if piece:
+                        chunks += 1
+                        raw += piece
+                    if choice.get("finish_reason"):
+                        finish = str(choice["finish_reason"])
+                    if isinstance(obj.get("specls"), dict):
+                        extra = obj["specls"]
+                    if request.stop is not None and piece:
+                        kept = request.stop(raw)
+                        if kept is not None:
+                            break
+            else:
+                obj = json.loads(resp.read() or b"{}")
+                choice = (obj.get("choices") or [{}])[0]
+                raw = choice.get("text") or ""
+                finish = choice.get("finish_reason")
+                usage = obj.get("usage") or {}
+                chunks = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
+                if isinstance(obj.get("specls"), dict):
+                    extra = obj["specls"]
+                if request.stop is not None:
+                    kept = request.stop(raw)
+        except EngineError:
+            raise
+        except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError) as exc:
+            if not aborted.is_set():
+                raise self._fail("completion failed", exc) from None
+        finally:
+            done.set()
+            conn.close()
+        if aborted.is_set():
+            with self._lock:
+                self._stats["aborted_streams"] += 1
+                self._stats["requests"] += 1
+            return CompletionResult(
+                text="", tokens=chunks, stop_reason="cancelled", cancelled=True, provider="remote"
+            )
+        complete = kept is None and finish is not None
+        text = raw if kept is None else raw[:kept]
+        reported = extra.get("tokens")
+        tokens = reported if isinstance(reported, int) else chunks
+        with self._lock:
+            self._stats["requests"] += 1
+            self._stats["tokens"] += tokens
+            entry = _Cached(raw, complete, tokens)
+            key = (request.prefix, request.suffix, request.max_tokens)
+            self._cache[key] = entry
+            self._cache.move_to_end(key)
+            while len(self._cache) > max(0, self.settings.cache_size):
+                self._cache.popitem(last=False)
+            self._last[request.doc_id] = (request.prefix, request.suffix, entry)
+        if kept is not None:
+            stop_reason = "stop"
+        elif finish == "length":
+            stop_reason = "max_tokens"
+        else:
+            stop_reason = "eos" if finish else "max_tokens"
+        return _with_remote_stats(
+            CompletionResult(
+                text=text,
+                tokens=tokens,
+                stop_reason=stop_reason,
+                decode_ms=(time.perf_counter() - t0) * 1000,
+                provider="remote",
+            ),
+            extra,
+        )
+
+
+def _with_remote_stats(result: CompletionResult, extra: dict[str, object]) -> CompletionResult:
+    """Copy the decode statistics a specls serve-engine attaches (``"specls"`` field) into the result."""
+
+    def num(key: str) -> int:
+        v = extra.get(key)
+        return int(v) if isinstance(v, int | float) else 0
+
+    result.target_passes = num("target_passes")
+    result.drafted = num("drafted")
+    result.accepted = num("accepted")
+    result.prefill_tokens = num("prefill_tokens")
+    result.prefix_reused_tokens = num("prefix_reused_tokens")
+    per = extra.get("per_drafter")
+    if isinstance(per, dict):
+        for name, s in per.items():
+            if isinstance(s, dict):
+                result.per_drafter[str(name)] = DrafterStats(
+                    drafted=int(s.get("drafted", 0)),
+                    accepted=int(s.get("accepted", 0)),
+                    proposals=int(s.get("proposals", 0)),
+                )
+    return result

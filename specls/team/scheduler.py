@@ -1,0 +1,528 @@
+"""One engine, many clients: a fair scheduler in front of an ``Engine``.
+
+``FairScheduler`` owns one worker thread that runs the wrapped engine's ``complete`` one request at a
+time (the Engine contract). Each client (one LSP connection) gets a ``ClientSession`` -- itself an
+``Engine`` -- whose calls are queued per client:
+
+- per-client FIFO, round-robin across clients: a fast typist queues behind itself, never in front of
+  a slow one;
+- bounded: a per-client limit and a total limit. A newer request for the same document replaces the
+  queued older one (and, by default, cancels it if it is running); over the per-client limit the
+  client's oldest queued request is dropped; over the total limit the oldest request of the client
+  with the longest queue is dropped. Dropped requests return an empty, ``cancelled`` result;
+- cancellation: a queued request whose client cancels leaves the queue at once; a running one is
+  stopped by the engine at its next target pass (the scheduler's cancel check also turns true when
+  the request is superseded or its client disconnects);
+- load-aware speculation: at dispatch the scheduler caps the speculation length from the queue depth
+  (``CompletionRequest.speculation_cap``): the engine's own choice when idle, halved per extra queued
+  request, 0 (drafting off) once the queue is deep enough that the target is the bottleneck or when
+  recent acceptance is too low to pay for drafting under load. Decisions are counted in ``stats()``.
+
+Document ids are namespaced per session so two editors with the same file open never share (or
+corrupt) each other's KV prefix; ``ClientSession.close`` closes all of its documents in the engine
+(freeing their KV caches) and cancels its outstanding requests.
+
+Batching target passes of different clients is not done here: see docs/team.md for the measurement
+and why (the per-sequence ``KVCache`` runtime has no batched forward)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from specls.decoder.api import (
+    CancelCheck,
+    CompletionRequest,
+    CompletionResult,
+    Engine,
+    EngineError,
+    never_cancelled,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    max_queue: int = 64  # queued (not running) requests over all clients
+    per_client_queue: int = 4  # queued requests per client
+    replace_same_document: bool = True  # a newer request for a document replaces the queued older one
+    cancel_superseded_running: bool = True  # ... and stops the running older one at its next pass
+    load_aware: bool = True
+    gamma_max: int = 8  # cap with one request waiting behind the running one (halved per extra)
+    drafting_off_depth: int = 4  # queue depth (running + queued) at which drafting is switched off
+    min_acceptance: float = 0.25  # under load, drafting off when recent acceptance is below this
+    acceptance_window: int = 32  # results in the rolling acceptance estimate
+    poll_s: float = 0.02  # how often a waiting caller re-checks its own cancellation
+
+
+@dataclass
+class RequestEvent:
+    """What happened to one request; observers (metrics, request log) get one per request."""
+
+    client: str
+    session: int
+    doc_id: str  # the client's own document id (not namespaced)
+    outcome: str  # served | cancelled | superseded | dropped | error
+    result: CompletionResult | None
+    latency_s: float  # submit -> result
+    queued_s: float  # submit -> dispatch (or -> drop)
+    speculation_cap: int | None
+    speculation_reason: str | None = None  # None when never dispatched to the engine
+    error: str | None = None
+
+
+class SchedulerObserver(Protocol):
+    def on_request(self, event: RequestEvent) -> None: ...
+
+
+@dataclass
+class _Job:
+    session: ClientSession
+    request: CompletionRequest  # doc ids already namespaced
+    caller_cancelled: CancelCheck
+    submitted: float
+    done: threading.Event = field(default_factory=threading.Event)
+    result: CompletionResult | None = None
+    error: BaseException | None = None
+    stop_flag: str | None = None  # superseded | dropped | disconnected
+    dispatched: float | None = None
+    cap: int | None = None
+    cap_reason: str | None = None
+
+    def cancelled(self) -> bool:
+        if self.stop_flag is not None:
+            return True
+        try:
+            return bool(self.caller_cancelled())
+        except Exception:  # a broken cancel check means nobody is waiting
+            return True
+
+
+def _cancelled_result(reason: str) -> CompletionResult:
+    del reason  # the reason travels in RequestEvent.outcome
+    return CompletionResult(text="", tokens=0, stop_reason="cancelled", cancelled=True)
+
+
+@dataclass(frozen=True)
+class SpeculationDecision:
+    cap: int | None  # None = the engine's own choice
+    reason: str  # idle | shrink | off_depth | off_acceptance | disabled
+
+
+def decide_speculation(
+    settings: SchedulerSettings, depth: int, acceptance: float | None
+) -> SpeculationDecision:
+    """The speculation cap for a request dispatched with ``depth`` requests in the system (itself
+    included). Pure, so the policy is testable on its own."""
+    if not settings.load_aware:
+        return SpeculationDecision(None, "disabled")
+    if depth <= 1:
+        return SpeculationDecision(None, "idle")
+    if depth >= settings.drafting_off_depth:
+        return SpeculationDecision(0, "off_depth")
+    if acceptance is not None and acceptance < settings.min_acceptance:
+        return SpeculationDecision(0, "off_acceptance")
+    return SpeculationDecision(max(1, settings.gamma_max >> (depth - 2)), "shrink")
+
+
+class FairScheduler:
+    """Fair, bounded, load-aware front of one Engine. Create sessions with ``session(name)``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: SchedulerSettings = SchedulerSettings(),
+        observers: tuple[SchedulerObserver, ...] = (),
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self._observers = list(observers)
+        self._cond = threading.Condition()
+        self._queues: dict[int, deque[_Job]] = {}
+        self._rr: deque[int] = deque()  # sessions with queued work, in service order
+        self._running: _Job | None = None
+        self._sessions: dict[int, ClientSession] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._load_lock = threading.Lock()
+        self._accept: deque[tuple[int, int]] = deque(maxlen=settings.acceptance_window)
+        self._counts: dict[str, int] = {
+            "submitted": 0,
+            "served": 0,
+            "cancelled": 0,
+            "superseded": 0,
+            "dropped": 0,
+            "errors": 0,
+        }
+        self._decisions: dict[str, int] = {}
+        self._last_decision = SpeculationDecision(None, "idle")
+        self._max_depth = 0
+        self._worker = threading.Thread(target=self._run, name="specls-scheduler", daemon=True)
+        self._worker.start()
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def add_observer(self, observer: SchedulerObserver) -> None:
+        self._observers.append(observer)
+
+    def session(self, client: str) -> ClientSession:
+        with self._cond:
+            sid = next(self._ids)
+            s = ClientSession(self, client, sid)
+            self._sessions[sid] = s
+            return s
+
+    @property
+    def active_clients(self) -> int:
+        with self._cond:
+            return len(self._sessions)
+
+    def clients(self) -> dict[str, int]:
+        """Active sessions per client name."""
+        with self._cond:
+            out: dict[str, int] = {}
+            for s in self._sessions.values():
+                out[s.client] = out.get(s.client, 0) + 1
+            return out
+
+    def _drop_session(self, session: ClientSession) -> None:
+        with self._cond:
+            self._sessions.pop(session.id, None)
+            q = self._queues.pop(session.id, None)
+            if session.id in self._rr:
+                self._rr.remove(session.id)
+            dropped = list(q or ())
+            if self._running is not None and self._running.session is session:
+                self._running.stop_flag = "disconnected"
+            self._cond.notify_all()
+        for job in dropped:
+            self._finish_unrun(job, "disconnected")
+
+    # -- Engine-ish surface ------------------------------------------------------------------------
+
+    def load(self, progress: Callable[[str, float], None] | None = None) -> None:
+        with self._load_lock:
+            if not self.engine.ready:
+                self.engine.load(progress)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+    def queue_depth(self) -> int:
+        """Requests waiting (not counting the running one)."""
+        with self._cond:
+            return sum(len(q) for q in self._queues.values())
+
+    def acceptance(self) -> float | None:
+        with self._cond:
+            drafted = sum(d for d, _ in self._accept)
+            accepted = sum(a for _, a in self._accept)
+        return accepted / drafted if drafted else None
+
+    def submit(
+        self, session: ClientSession, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
+    ) -> CompletionResult:
+        """Queue ``request`` for ``session`` and block until it is served, dropped or cancelled."""
+        job = _Job(session, request, cancelled, time.monotonic())
+        to_finish: list[tuple[_Job, str]] = []
+        s = self.settings
+        with self._cond:
+            if self._closed:
+                raise EngineError("the completion service is shutting down")
+            self._counts["submitted"] += 1
+            q = self._queues.setdefault(session.id, deque())
+            # Sweep requests whose callers already gave up: they free their slots now.
+            for old in [j for j in q if j.cancelled()]:
+                q.remove(old)
+                to_finish.append((old, "cancelled"))
+            if s.replace_same_document:
+                for old in [j for j in q if j.request.doc_id == request.doc_id]:
+                    q.remove(old)
+                    to_finish.append((old, "superseded"))
+                run = self._running
+                if (
+                    s.cancel_superseded_running
+                    and run is not None
+                    and run.session is session
+                    and run.request.doc_id == request.doc_id
+                ):
+                    run.stop_flag = "superseded"
+            while len(q) >= max(1, s.per_client_queue):
+                to_finish.append((q.popleft(), "dropped"))
+            total = sum(len(x) for x in self._queues.values())
+            while total >= max(1, s.max_queue):
+                victim_sid = max(self._queues, key=lambda k: len(self._queues[k]))
+                to_finish.append((self._queues[victim_sid].popleft(), "dropped"))
+                total -= 1
+            q.append(job)
+            self._requeue_rr()
+            depth = total + 1 + (1 if self._running is not None else 0)
+            self._max_depth = max(self._max_depth, depth)
+            self._cond.notify_all()
+        for old, why in to_finish:
+            self._finish_unrun(old, why)
+        # Wait, re-checking our own cancellation so a queued request leaves without a target pass.
+        while not job.done.wait(s.poll_s):
+            if job.dispatched is None and job.cancelled():
+                with self._cond:
+                    qq = self._queues.get(session.id)
+                    removed = False
+                    if job.dispatched is None and qq is not None and job in qq:
+                        qq.remove(job)
+                        self._requeue_rr()
+                        removed = True
+                if removed:
+                    self._finish_unrun(job, job.stop_flag or "cancelled")
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _requeue_rr(self) -> None:
+        # caller holds the lock: keep _rr == sessions with non-empty queues, order preserved
+        live = [sid for sid in self._rr if self._queues.get(sid)]
+        for sid, q in self._queues.items():
+            if q and sid not in live:
+                live.append(sid)
+        self._rr = deque(live)
+
+    def _finish_unrun(self, job: _Job, why: str) -> None:
+        if job.done.is_set():
+            return
+        outcome = {"superseded": "superseded", "dropped": "dropped"}.get(why, "cancelled")
+        with self._cond:
+            self._counts[outcome] += 1
+        job.result = _cancelled_result(why)
+        now = time.monotonic()
+        self._emit(
+            RequestEvent(
+                client=job.session.client,
+                session=job.session.id,
+                doc_id=job.session.outer_id(job.request.doc_id),
+                outcome=outcome,
+                result=job.result,
+                latency_s=now - job.submitted,
+                queued_s=now - job.submitted,
+                speculation_cap=None,
+            )
+        )
+        job.done.set()
+
+    def _emit(self, event: RequestEvent) -> None:
+        for obs in self._observers:
+            try:
+                obs.on_request(event)
+            except Exception:
+                log.exception("scheduler observer failed")
+
+    # -- worker ------------------------------------------------------------------------------------
+
+    def _next_job(self) -> _Job | None:
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                if self._rr:
+                    sid = self._rr.popleft()
+                    q = self._queues.get(sid)
+                    if not q:
+                        continue
+                    job = q.popleft()
+                    if q:
+                        self._rr.append(sid)  # back of the line: round-robin
+                    if job.cancelled():
+                        self._cond.release()
+                        try:
+                            self._finish_unrun(job, job.stop_flag or "cancelled")
+                        finally:
+                            self._cond.acquire()
+                        continue
+                    depth = 1 + sum(len(x) for x in self._queues.values())
+                    drafted = sum(d for d, _ in self._accept)
+                    acc = sum(a for _, a in self._accept) / drafted if drafted else None
+                    decision = decide_speculation(self.settings, depth, acc)
+                    self._decisions[decision.reason] = self._decisions.get(decision.reason, 0) + 1
+                    self._last_decision = decision
+                    job.cap, job.cap_reason = decision.cap, decision.reason
+                    job.dispatched = time.monotonic()
+                    self._running = job
+                    return job
+                self._cond.wait()
+
+    def _run(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            req = job.request
+            if job.cap is not None:
+                req = dataclasses.replace(req, speculation_cap=job.cap)
+            result: CompletionResult | None = None
+            error: BaseException | None = None
+            try:
+                result = self.engine.complete(req, job.cancelled)
+            except BaseException as exc:  # report to the caller, keep serving others
+                error = exc
+            now = time.monotonic()
+            with self._cond:
+                self._running = None
+                if result is not None:
+                    if result.cancelled or job.stop_flag is not None:
+                        outcome = job.stop_flag if job.stop_flag == "superseded" else "cancelled"
+                    else:
+                        outcome = "served"
+                        if result.drafted:
+                            self._accept.append((result.drafted, result.accepted))
+                    self._counts[outcome] += 1
+                else:
+                    outcome = "error"
+                    self._counts["errors"] += 1
+                self._cond.notify_all()
+            job.result, job.error = result, error
+            assert job.dispatched is not None
+            self._emit(
+                RequestEvent(
+                    client=job.session.client,
+                    session=job.session.id,
+                    doc_id=job.session.outer_id(job.request.doc_id),
+                    outcome=outcome,
+                    result=result,
+                    latency_s=now - job.submitted,
+                    queued_s=job.dispatched - job.submitted,
+                    speculation_cap=job.cap,
+                    speculation_reason=job.cap_reason,
+                    error=None if error is None else f"{type(error).__name__}: {error}",
+                )
+            )
+            job.done.set()
+
+    # -- lifecycle / stats -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            sessions = list(self._sessions.values())
+            if self._running is not None:
+                self._running.stop_flag = "disconnected"
+            self._cond.notify_all()
+        for s in sessions:
+            s.close()
+        self._worker.join(timeout=10)
+
+    def scheduler_stats(self) -> dict[str, object]:
+        acc = self.acceptance()
+        with self._cond:
+            return {
+                "active_clients": len(self._sessions),
+                "queue_depth": sum(len(q) for q in self._queues.values()),
+                "running": self._running is not None,
+                "max_depth_seen": self._max_depth,
+                **self._counts,
+                "speculation": {
+                    "load_aware": self.settings.load_aware,
+                    "current_cap": self._last_decision.cap,
+                    "last_reason": self._last_decision.reason,
+                    "decisions": dict(self._decisions),
+                    "recent_acceptance": None if acc is None else round(acc, 3),
+                },
+                "batching": {
+                    "enabled": False,
+                    "reason": "runtime KV caches are per sequence (no batched forward); see docs/team.md",
+                },
+            }
+
+    def stats(self) -> dict[str, object]:
+        try:
+            engine_stats = self.engine.stats()
+        except Exception as exc:
+            engine_stats = {"error": f"{type(exc).__name__}: {exc}"}
+        return {"scheduler": self.scheduler_stats(), "engine": engine_stats}
+
+
+_SEP = "\x1f"  # unit separator: never in an LSP uri
+
+
+class ClientSession:
+    """One client's view of the shared engine (an ``Engine``). Document ids are namespaced by session;
+    ``close`` releases everything the session holds."""
+
+    def __init__(self, scheduler: FairScheduler, client: str, sid: int) -> None:
+        self.scheduler = scheduler
+        self.client = client
+        self.id = sid
+        self._docs: set[str] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def inner_id(self, doc_id: str) -> str:
+        return f"s{self.id}{_SEP}{doc_id}"
+
+    def outer_id(self, inner: str) -> str:
+        prefix = f"s{self.id}{_SEP}"
+        return inner[len(prefix) :] if inner.startswith(prefix) else inner
+
+    @property
+    def open_documents(self) -> int:
+        with self._lock:
+            return len(self._docs)
+
+    # Engine protocol
+    def load(self, progress: Callable[[str, float], None] | None = None) -> None:
+        self.scheduler.load(progress)
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler.ready
+
+    def update_document(self, doc_id: str, text: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._docs.add(doc_id)
+        self.scheduler.engine.update_document(self.inner_id(doc_id), text)
+
+    def close_document(self, doc_id: str) -> None:
+        with self._lock:
+            self._docs.discard(doc_id)
+        self.scheduler.engine.close_document(self.inner_id(doc_id))
+
+    def complete(
+        self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
+    ) -> CompletionResult:
+        if self._closed:
+            return _cancelled_result("disconnected")
+        inner = dataclasses.replace(
+            request,
+            doc_id=self.inner_id(request.doc_id),
+            context_docs=tuple((self.inner_id(u), t) for u, t in request.context_docs),
+        )
+        return self.scheduler.submit(self, inner, cancelled)
+
+    def stats(self) -> dict[str, object]:
+        out = self.scheduler.stats()
+        out["session"] = {"client": self.client, "id": self.id, "open_documents": self.open_documents}
+        return out
+
+    def close(self) -> None:
+        """The client went away: cancel its requests and close its documents (frees their KV)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            docs = list(self._docs)
+            self._docs.clear()
+        self.scheduler._drop_session(self)
+        for d in docs:
+            try:
+                self.scheduler.engine.close_document(self.inner_id(d))
+            except Exception:
+                log.exception("closing a document of a departed client failed")

@@ -1,0 +1,216 @@
+"""Glue for ``specls serve --tcp``: one ``TeamService`` per server process holds the token store, the
+fair scheduler over the shared engine, the metrics registry (+ optional HTTP endpoint) and the
+structured request log. The LSP layer calls ``authenticate`` on ``initialize`` and gives each
+connection ``open_session(client)`` as its engine, closing it on disconnect."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from specls.decoder.api import Engine
+from specls.team.auth import AuthError, TokenStore, require_auth_for_bind, token_from_init_options
+from specls.team.logs import RequestLog, RequestLogSettings
+from specls.team.metrics import Metrics, MetricsServer, MetricsSettings
+from specls.team.scheduler import ClientSession, FairScheduler, RequestEvent, SchedulerSettings
+
+log = logging.getLogger(__name__)
+
+LOCAL_CLIENT = "local"
+
+
+@dataclass(frozen=True)
+class TeamSettings:
+    host: str = "127.0.0.1"
+    token_file: str | None = None
+    require_token: bool = False  # force token auth even on loopback (tests, proxies on the same host)
+    metrics_port: int | None = None  # None = no HTTP endpoint
+    metrics_host: str = "127.0.0.1"
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    request_log: RequestLogSettings = field(default_factory=RequestLogSettings)
+
+
+class TeamMetricsObserver:
+    """Turns scheduler events into Prometheus metrics and JSON request-log lines."""
+
+    def __init__(self, metrics: Metrics, request_log: RequestLog | None) -> None:
+        self.m = metrics
+        self.request_log = request_log
+        self._lock = threading.Lock()
+        self._served = 0
+        self._prefix_hits = 0
+        self._completion_reuse = 0
+        self._cache_hits = 0
+        self._drafted: dict[str, int] = {}
+        self._accepted: dict[str, int] = {}
+        m = metrics
+        m.counter("requests", "Completion requests by client and outcome")
+        m.counter("cancellations", "Requests that ended without a result, by reason")
+        m.histogram("request_latency_seconds", "Submit-to-result latency of served requests")
+        m.histogram("queue_wait_seconds", "Time requests spent queued before a target pass")
+        m.counter("tokens", "Completion tokens generated")
+        m.counter("target_passes", "Target model forward passes")
+        m.counter("drafted_tokens", "Drafted tokens verified, by drafter")
+        m.counter("accepted_tokens", "Drafted tokens accepted, by drafter")
+        m.gauge("drafter_acceptance", "Accepted / drafted tokens, by drafter", callback=self._acceptance)
+        m.counter("prefix_reuse_hits", "Served requests that reused a cached KV prefix")
+        m.counter("prefix_reused_tokens", "Prompt tokens whose KV was reused")
+        m.counter("completion_reuse_hits", "Served requests that used the previous completion as draft")
+        m.counter("completion_cache_hits", "Served requests answered from the finished-completion cache")
+        m.gauge("reuse_hit_rate", "Hit rate among served requests, by kind", callback=self._rates)
+        m.counter("speculation_decisions", "Load-aware speculation decisions at dispatch, by reason")
+        m.counter("engine_errors", "Requests that failed in the engine")
+        m.counter("auth_failures", "Connections refused for a missing or wrong token")
+        m.counter("sessions", "Client sessions opened")
+
+    def _acceptance(self) -> Iterable[tuple[Mapping[str, str], float]]:
+        with self._lock:
+            return [
+                ({"drafter": d}, self._accepted.get(d, 0) / n) for d, n in sorted(self._drafted.items()) if n
+            ]
+
+    def _rates(self) -> Iterable[tuple[Mapping[str, str], float]]:
+        with self._lock:
+            n = self._served
+            if not n:
+                return []
+            return [
+                ({"kind": "prefix"}, self._prefix_hits / n),
+                ({"kind": "completion_reuse"}, self._completion_reuse / n),
+                ({"kind": "completion_cache"}, self._cache_hits / n),
+            ]
+
+    def on_request(self, event: RequestEvent) -> None:
+        m = self.m
+        m.inc("requests", labels={"client": event.client, "outcome": event.outcome})
+        if event.outcome in ("cancelled", "superseded", "dropped"):
+            m.inc("cancellations", labels={"reason": event.outcome})
+        if event.outcome == "error":
+            m.inc("engine_errors")
+        if event.speculation_reason is not None:
+            m.inc("speculation_decisions", labels={"reason": event.speculation_reason})
+        r = event.result
+        if r is not None:
+            m.inc("tokens", r.tokens)
+            m.inc("target_passes", r.target_passes)
+            for name, s in r.per_drafter.items():
+                m.inc("drafted_tokens", s.drafted, labels={"drafter": name})
+                m.inc("accepted_tokens", s.accepted, labels={"drafter": name})
+            with self._lock:
+                for name, s in r.per_drafter.items():
+                    self._drafted[name] = self._drafted.get(name, 0) + s.drafted
+                    self._accepted[name] = self._accepted.get(name, 0) + s.accepted
+        if event.outcome == "served" and r is not None:
+            m.observe("request_latency_seconds", event.latency_s)
+            m.observe("queue_wait_seconds", event.queued_s)
+            with self._lock:
+                self._served += 1
+                self._prefix_hits += r.prefix_reused_tokens > 0
+                self._completion_reuse += r.completion_reuse
+                self._cache_hits += r.cache_hit
+            if r.prefix_reused_tokens > 0:
+                m.inc("prefix_reuse_hits")
+                m.inc("prefix_reused_tokens", r.prefix_reused_tokens)
+            if r.completion_reuse:
+                m.inc("completion_reuse_hits")
+            if r.cache_hit:
+                m.inc("completion_cache_hits")
+        if self.request_log is not None and r is not None:
+            self.request_log.record(
+                client=event.client,
+                doc_id=event.doc_id,
+                result=r,
+                latency_ms=event.latency_s * 1000,
+                queued_ms=event.queued_s * 1000,
+                gamma_cap=event.speculation_cap,
+                outcome=event.outcome,
+            )
+
+
+class TeamService:
+    """Everything a multi-client server shares. Raises AuthError at construction when the bind
+    address needs a token file and none was given."""
+
+    def __init__(self, settings: TeamSettings, engine: Engine) -> None:
+        self.settings = settings
+        store = require_auth_for_bind(settings.host, settings.token_file)
+        if store is None and settings.require_token:
+            raise AuthError("token auth was required but no --token-file was given")
+        self.tokens: TokenStore | None = store
+        self.metrics = Metrics()
+        self.request_log = RequestLog(settings.request_log)
+        self.observer = TeamMetricsObserver(self.metrics, self.request_log)
+        self.scheduler = FairScheduler(engine, settings.scheduler, observers=(self.observer,))
+        self.metrics.gauge("queue_depth", "Requests waiting for the engine", callback=self._queue_depth)
+        self.metrics.gauge("active_clients", "Connected client sessions", callback=self._active_clients)
+        self.metrics.gauge("engine_ready", "1 when the model is loaded", callback=self._ready)
+        self.metrics.gauge(
+            "speculation_cap", "Speculation cap of the last dispatch (-1 = engine's)", self._cap
+        )
+        self._server: MetricsServer | None = None
+
+    # metrics callbacks
+    def _queue_depth(self) -> Iterable[tuple[Mapping[str, str], float]]:
+        return [({}, float(self.scheduler.queue_depth()))]
+
+    def _active_clients(self) -> Iterable[tuple[Mapping[str, str], float]]:
+        return [({}, float(self.scheduler.active_clients))]
+
+    def _ready(self) -> Iterable[tuple[Mapping[str, str], float]]:
+        return [({}, 1.0 if self.scheduler.ready else 0.0)]
+
+    def _cap(self) -> Iterable[tuple[Mapping[str, str], float]]:
+        spec = self.scheduler.scheduler_stats()["speculation"]
+        cap = spec.get("current_cap") if isinstance(spec, dict) else None
+        return [({}, -1.0 if cap is None else float(cap))]
+
+    @property
+    def auth_required(self) -> bool:
+        return self.tokens is not None
+
+    def authenticate(self, initialization_options: object) -> str:
+        """The client name for an ``initialize`` request; raises AuthError (message safe to send to
+        the client, never containing a token)."""
+        if self.tokens is None:
+            return LOCAL_CLIENT
+        token = token_from_init_options(initialization_options)
+        if token is None:
+            self.metrics.inc("auth_failures")
+            log.warning("refused a client without a token")
+            raise AuthError(
+                'this specls server requires a token: set initializationOptions {"token": "..."} '
+                '(or {"specls": {"token": "..."}}) in your editor'
+            )
+        name = self.tokens.authenticate(token)
+        if name is None:
+            self.metrics.inc("auth_failures")
+            log.warning("refused a client with an unknown token")
+            raise AuthError("invalid specls token")
+        return name
+
+    def open_session(self, client: str) -> ClientSession:
+        self.metrics.inc("sessions")
+        session = self.scheduler.session(client)
+        log.info("client %s connected (session %d)", client, session.id)
+        return session
+
+    def health(self) -> tuple[bool, str]:
+        if not self.scheduler.ready:
+            return False, "loading"
+        return True, f"ok clients={self.scheduler.active_clients} queue={self.scheduler.queue_depth()}"
+
+    def start_metrics(self) -> MetricsServer | None:
+        if self.settings.metrics_port is None:
+            return None
+        self._server = MetricsServer(
+            MetricsSettings(self.settings.metrics_host, self.settings.metrics_port), self.metrics, self.health
+        ).start()
+        return self._server
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        self.scheduler.close()
