@@ -17,7 +17,7 @@ cursor, then the open documents).
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +29,9 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     m = min(len(a), len(b))
     if m == 0:
         return 0
-    if a[m - 1] == b[m - 1] and list(a[:m]) == list(b[:m]):
+    if a[m - 1] == b[m - 1] and (list(a[:m]) if not isinstance(a, list) else a[:m]) == (
+        list(b[:m]) if not isinstance(b, list) else b[:m]
+    ):
         return m
     diff = np.flatnonzero(np.asarray(a[:m], dtype=np.int64) != np.asarray(b[:m], dtype=np.int64))
     return int(diff[0]) if diff.size else m
@@ -47,12 +49,23 @@ class LookupMatch:
     tokens: list[int]
 
 
+def _grams(tokens: list[int], n: int, start: int) -> list[tuple[int, ...]]:
+    """The n-grams tokens[p - n : p] for p = start .. len(tokens) (start >= n)."""
+    end = len(tokens)
+    if start > end:
+        return []
+    return list(zip(*(tokens[start - n + j : end - n + j + 1] for j in range(n)), strict=True))
+
+
 class _Doc:
     __slots__ = ("tokens", "grams")
 
     def __init__(self, n_sizes: int) -> None:
         self.tokens: list[int] = []
-        self.grams: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(n_sizes)]
+        # grams[n - min_n]: n-gram -> ascending positions right after its occurrences
+        self.grams: list[defaultdict[tuple[int, ...], list[int]]] = [
+            defaultdict(list) for _ in range(n_sizes)
+        ]
 
 
 class NgramIndex:
@@ -81,7 +94,6 @@ class NgramIndex:
     def update(self, doc_id: str, tokens: Sequence[int]) -> int:
         """Set a document's tokens; re-indexes from the first changed position. The document becomes
         the most recently updated one. Returns that first changed position."""
-        new = [int(t) for t in tokens]
         with self._lock:
             doc = self._docs.get(doc_id)
             if doc is None:
@@ -89,22 +101,20 @@ class NgramIndex:
                 self._docs[doc_id] = doc
             self._docs.move_to_end(doc_id)
             old = doc.tokens
-            d = common_prefix_len(old, new)
-            for p in range(len(old), d, -1):  # drop grams ending after d, newest first (list tails)
-                for i, n in enumerate(range(self.min_n, self.max_n + 1)):
-                    if p - n < 0:
-                        break
-                    key = tuple(old[p - n : p])
-                    positions = doc.grams[i][key]
+            d = common_prefix_len(old, tokens)
+            for grams, n in zip(doc.grams, range(self.min_n, self.max_n + 1), strict=True):
+                # drop the grams ending after d (p > d), newest first: they are each list's tail
+                for key in reversed(_grams(old, n, max(d + 1, n))):
+                    positions = grams[key]
                     positions.pop()
                     if not positions:
-                        del doc.grams[i][key]
-            doc.tokens = new
-            for p in range(d + 1, len(new) + 1):
-                for i, n in enumerate(range(self.min_n, self.max_n + 1)):
-                    if p - n < 0:
-                        break
-                    doc.grams[i].setdefault(tuple(new[p - n : p]), []).append(p)
+                        del grams[key]
+            del old[d:]
+            old.extend(int(t) for t in tokens[d:])
+            for grams, n in zip(doc.grams, range(self.min_n, self.max_n + 1), strict=True):
+                start = max(d + 1, n)
+                for p, key in enumerate(_grams(old, n, start), start):
+                    grams[key].append(p)
             return d
 
     def remove(self, doc_id: str) -> None:
