@@ -85,7 +85,7 @@ def test_remove_drops_the_documents_matches() -> None:
 
 
 def _grams(index: NgramIndex, doc_id: str) -> list[dict[tuple[int, ...], list[int]]]:
-    return index._docs[doc_id].grams  # the internal structure, to compare with a rebuilt index
+    return [dict(g) for g in index._docs[doc_id].grams]  # internal structure, vs a rebuilt index
 
 
 def test_incremental_updates_equal_a_rebuilt_index() -> None:
