@@ -40,7 +40,10 @@ from specls.decoder.api import (
     KVCache,
     never_cancelled,
 )
+from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.ngram import NgramIndex
 from specls.prompt import (
+    DocumentEncoder,
     FimTokens,
     Prompt,
     PromptBudget,
@@ -80,6 +83,7 @@ class EngineSettings:
     lru_size: int = 128  # finished completions kept (greedy only)
     kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
     reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
+    drafters: DrafterSettings = field(default_factory=DrafterSettings)
 
 
 @dataclass
@@ -106,7 +110,8 @@ class _LastCompletion:
 class _DocState:
     cache: KVCache | None = None
     tokens: list[int] = field(default_factory=list)  # what ``cache`` holds
-    draft_drafter: Drafter | None = None  # keeps its own draft KV cache across requests
+    draft_drafter: DraftModelDrafter | None = None  # keeps its own draft KV cache across requests
+    lookup_drafter: PromptLookupDrafter | None = None  # keeps its context n-gram index
     last: _LastCompletion | None = None
 
 
@@ -303,8 +308,9 @@ class OnnxEngine:
         self._lru: OrderedDict[bytes, _LruEntry] = OrderedDict()
         self._counters = _Counters()
         self._latency_ms: deque[float] = deque(maxlen=2000)
-        self._index: Any = None
+        self._index: NgramIndex | None = None
         self._builder: PromptBuilder | None = None
+        self._encoder: DocumentEncoder | None = None
         # the last computed request's prompt and generated tokens (benchmarks and debugging)
         self.last_prompt: list[int] = []
         self.last_tokens: list[int] = []
@@ -347,7 +353,14 @@ class OnnxEngine:
         spec = target.spec
         tokenizer = target.tokenizer
         try:
-            fim = fim_tokens_from_template(spec.fim, tokenizer)
+            template = spec.fim
+            if template is None:
+                from specls.models.fim import detect_template
+
+                template = detect_template(tokenizer.get_vocab())
+            if template is None:
+                raise ValueError("it has no fill-in-the-middle template (specls.json 'fim')")
+            fim = fim_tokens_from_template(template, tokenizer)
         except ValueError as exc:
             raise EngineError(f"model {target_dir}: {exc}") from exc
         eos = set(getattr(spec, "eos_token_ids", ()) or ()) | set(fim.eos_ids)
@@ -362,17 +375,17 @@ class OnnxEngine:
             eos_ids=frozenset(eos),
             draft=draft,
             provider=str(getattr(target, "provider", "cpu")),
-            max_positions=int(getattr(spec, "max_positions", 0) or getattr(spec, "max_position", 0) or 1024),
+            max_positions=int(getattr(spec, "max_context", 0) or 1024),
         )
         self._init_parts(models)
         self._models = models
         say("ready", 1.0)
 
     def _init_parts(self, models: LoadedModels) -> None:
-        from specls.decoder.ngram import NgramIndex
-
         self._builder = PromptBuilder(models.tokenizer, models.fim, self.settings.budget)
-        self._index = NgramIndex()
+        self._encoder = DocumentEncoder(models.tokenizer)
+        if self.settings.speculate and self.settings.use_lookup:
+            self._index = NgramIndex()
 
     @property
     def ready(self) -> bool:
@@ -395,16 +408,22 @@ class OnnxEngine:
             self._pending[doc_id] = None
             self._docs.pop(doc_id, None)  # frees its KV caches (a running request keeps its own ref)
 
+    def flush(self) -> None:
+        """Index pending document updates now (``complete`` does it first anyway; a server may call
+        this when idle)."""
+        with self._run_lock:
+            self._flush_pending()
+
     def _flush_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
-        if self._index is None or self._models is None:
+        if self._index is None or self._encoder is None:
             return
         for doc_id, text in pending.items():
             if text is None:
                 self._index.remove(doc_id)
             else:
-                self._index.update(doc_id, self._models.tokenizer.encode(text))
+                self._index.update(doc_id, self._encoder.encode(text))
 
     def _doc(self, doc_id: str) -> _DocState:
         with self._lock:
@@ -584,19 +603,21 @@ class OnnxEngine:
         s = self.settings
         if not s.speculate:
             return None, False
-        from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
-
+        # per document, so their own indexes/caches carry over between keystrokes
         lookup = None
         if s.use_lookup and self._index is not None:
-            lookup = PromptLookupDrafter(self._index, suffix=prompt.suffix_tokens)
+            if state.lookup_drafter is None:
+                state.lookup_drafter = PromptLookupDrafter(self._index, s.drafters)
+            lookup = state.lookup_drafter
+            lookup.set_suffix(prompt.suffix_tokens)
         model = None
         if s.use_draft and models.draft is not None:
             if state.draft_drafter is None:
-                state.draft_drafter = DraftModelDrafter(models.draft)
+                state.draft_drafter = DraftModelDrafter(models.draft, s.drafters)
             model = state.draft_drafter
         inner: Drafter | None
         if lookup is not None and model is not None:
-            inner = HybridDrafter(lookup, model)
+            inner = HybridDrafter(lookup, model, s.drafters)
         else:
             inner = lookup if lookup is not None else model
         reuse_drafter = self._reuse_drafter(models, state, request, prompt)

@@ -250,3 +250,44 @@ def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+# Line starts where a byte-level BPE pre-tokeniser (GPT-2 regex) always has a word boundary: before the
+# last whitespace character of a run that contains a newline and is followed by a non-space.
+_CHUNK_BOUNDARY = re.compile(r"\s*\n\s*(?=\S)")
+
+
+class DocumentEncoder:
+    """Tokenises whole documents in line-sized chunks cut at pre-tokeniser boundaries, caching each
+    chunk's tokens: re-tokenising a large buffer after an edit costs about the edited lines (the
+    result equals tokenising the whole text for GPT-2-style byte-level BPE)."""
+
+    def __init__(self, tokenizer: TextTokenizer, max_entries: int = 200_000) -> None:
+        self._tok = tokenizer
+        self._cache: dict[str, list[int]] = {}
+        self._max = max_entries
+
+    @staticmethod
+    def chunks(text: str) -> list[str]:
+        out: list[str] = []
+        start = 0
+        for m in _CHUNK_BOUNDARY.finditer(text):
+            cut = m.end() - 1
+            if cut > start:
+                out.append(text[start:cut])
+                start = cut
+        if start < len(text):
+            out.append(text[start:])
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        if len(self._cache) > self._max:
+            self._cache.clear()
+        ids: list[int] = []
+        for chunk in self.chunks(text):
+            toks = self._cache.get(chunk)
+            if toks is None:
+                toks = self._tok.encode(chunk)
+                self._cache[chunk] = toks
+            ids += toks
+        return ids

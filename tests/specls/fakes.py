@@ -69,13 +69,17 @@ def char_fim(tok: CharTokenizer, order: str = "spm") -> FimTokens:
     )
 
 
-def fake_models(seed: int = 1, draft_noise: float = 0.4, with_draft: bool = True) -> LoadedModels:
+def fake_models(
+    seed: int = 1, draft_noise: float = 0.4, with_draft: bool = True, allow_eos: bool = True
+) -> LoadedModels:
     tok = CharTokenizer()
     # window 2: greedy output falls into repeats quickly, so prompt lookup has something to find
     target = FakeLM(FakeLMConfig(vocab=tok.vocab_size, window=2, seed=seed, scale=4.0))
-    draft = FakeLM.perturbed(target, draft_noise, seed + 100) if with_draft else None
     fim = char_fim(tok)
     eos = frozenset({*fim.eos_ids, fim.prefix_id, fim.suffix_id, fim.middle_id})
+    if not allow_eos:  # long completions: the specials never win the argmax
+        target.tables[:, :, sorted(eos)] -= 100.0
+    draft = FakeLM.perturbed(target, draft_noise, seed + 100) if with_draft else None
     return LoadedModels(target=target, tokenizer=tok, fim=fim, eos_ids=eos, draft=draft, max_positions=4096)
 
 

@@ -1,0 +1,319 @@
+"""OnnxEngine on fake models (numpy FakeLM + a character tokenizer): speculative == plain greedy,
+prefix-KV reuse, completion reuse, the LRU, stops, cancellation, documents, bad input."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+from specls.decoder.api import CompletionRequest, EngineError
+from specls.decoder.testing import FakeLM
+
+from specls.engine import EngineSettings, LoadedModels, OnnxEngine, _TextStop
+from tests.specls.fakes import SOURCE, ByteTokenizer, fake_models
+
+CONFIGS = {
+    "plain": EngineSettings(speculate=False),
+    "lookup": EngineSettings(use_draft=False),
+    "draft": EngineSettings(use_lookup=False),
+    "hybrid": EngineSettings(),
+    "none": EngineSettings(use_draft=False, use_lookup=False),  # only completion reuse could draft
+}
+
+# cursor positions in SOURCE: (characters before the cursor)
+POINTS = [
+    SOURCE.index("total = 0") + len("total"),
+    SOURCE.index("    for name") + 4,
+    SOURCE.index("print(total)"),
+    len(SOURCE),
+    0,
+]
+
+
+def request(
+    pos: int, max_tokens: int = 40, doc: str = "file:///w/a.py", text: str = SOURCE
+) -> CompletionRequest:
+    return CompletionRequest(doc_id=doc, prefix=text[:pos], suffix=text[pos:], max_tokens=max_tokens)
+
+
+def reference(models: LoadedModels, engine: OnnxEngine, max_tokens: int) -> list[int]:
+    """Plain greedy decoding of the target on the engine's last prompt, without caches or drafters."""
+    target = models.target
+    assert isinstance(target, FakeLM)
+    return target.greedy(engine.last_prompt, max_tokens, models.eos_ids)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_speculative_equals_plain_greedy(config: str) -> None:
+    models = fake_models()
+    engine = OnnxEngine(CONFIGS[config], models)
+    engine.update_document("file:///w/a.py", SOURCE)
+    engine.update_document("file:///w/b.py", SOURCE.replace("total", "size"))
+    for pos in POINTS:
+        result = engine.complete(request(pos, doc=f"file:///w/{pos}.py"))
+        ref = reference(models, engine, 40)
+        assert engine.last_tokens == ref, f"{config} at {pos}"  # Not a drafter's guess
+        assert result.text == models.tokenizer.decode(ref)
+        assert result.tokens == len(ref)
+        assert not result.cache_hit
+        if config == "plain":
+            assert result.drafted == 0 and result.target_passes == len(ref) + (result.stop_reason == "eos")
+
+
+def test_hybrid_drafts_and_saves_passes() -> None:
+    models = fake_models()
+    engine = OnnxEngine(CONFIGS["hybrid"], models)
+    engine.update_document("file:///w/a.py", SOURCE)
+    total_tokens = total_passes = 0
+    for pos in POINTS:
+        r = engine.complete(request(pos, max_tokens=64, doc=f"file:///w/{pos}.py"))
+        total_tokens += r.tokens
+        total_passes += r.target_passes
+        assert r.drafted >= r.accepted
+    stats = engine.stats()
+    assert isinstance(stats["drafted"], int) and stats["drafted"] > 0
+    assert total_passes < total_tokens  # Not one pass per token: drafts were accepted
+
+
+def test_prefix_reuse_same_result_fewer_prefill_tokens() -> None:
+    models = fake_models()
+    warm = OnnxEngine(EngineSettings(), models)
+    pos = POINTS[0]
+    first = warm.complete(request(pos))
+    assert first.prefix_reused_tokens == 0
+    text = SOURCE[:pos] + " =" + SOURCE[pos:]  # the user typed " ="
+    second = warm.complete(request(pos + 2, text=text))
+    cold = OnnxEngine(EngineSettings(), fake_models())
+    fresh = cold.complete(request(pos + 2, text=text))
+    assert second.text == fresh.text  # Not a stale cache's answer
+    assert second.prefix_reused_tokens > 0
+    assert second.prefill_tokens < fresh.prefill_tokens
+    assert second.prefill_tokens + second.prefix_reused_tokens == len(cold.last_prompt)
+
+
+def test_prefix_reuse_after_edit_above_cursor() -> None:
+    """An edit far above the cursor changes the prompt's middle: the cache is cut there, output exact."""
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(speculate=False), models)
+    pos = POINTS[2]
+    engine.complete(request(pos))
+    text = SOURCE.replace("import sys", "import sys as system")
+    r = engine.complete(request(pos + len(" as system"), text=text))
+    assert engine.last_tokens == reference(models, engine, 40)
+    assert 0 < r.prefix_reused_tokens < len(engine.last_prompt) - 10
+
+
+def test_completion_reuse_typing_through_suggestion() -> None:
+    models = fake_models(allow_eos=False)
+    engine = OnnxEngine(EngineSettings(), models)
+    pos = POINTS[1]
+    first = engine.complete(request(pos, max_tokens=48))
+    assert len(first.text) > 10
+    typed = first.text[:4]
+    text = SOURCE[:pos] + typed + SOURCE[pos:]
+    second = engine.complete(request(pos + 4, max_tokens=44, text=text))
+    cold = OnnxEngine(EngineSettings(completion_reuse=False), fake_models(allow_eos=False))
+    fresh = cold.complete(request(pos + 4, max_tokens=44, text=text))
+    assert second.completion_reuse
+    assert second.text == fresh.text == first.text[4:]  # Not the old suggestion re-shown blindly
+    assert second.target_passes <= 2  # Not ~ tokens / (gamma+1): the remainder was verified at once
+    assert second.per_drafter["reuse"].accepted >= len(second.text) - 2
+    assert engine.stats()["completion_reuse_hits"] == 1
+
+
+def test_completion_reuse_wrong_guess_still_exact() -> None:
+    """The user typed something else than the suggestion: no reuse, exact output."""
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(), models)
+    pos = POINTS[1]
+    first = engine.complete(request(pos, max_tokens=30))
+    other = "zz" if not first.text.startswith("zz") else "qq"
+    text = SOURCE[:pos] + other + SOURCE[pos:]
+    second = engine.complete(request(pos + 2, max_tokens=30, text=text))
+    assert not second.completion_reuse
+    assert engine.last_tokens == reference(models, engine, 30)
+
+
+def test_lru_hit_makes_no_model_calls() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(), models)
+    target, draft = models.target, models.draft
+    assert isinstance(target, FakeLM) and isinstance(draft, FakeLM)
+    first = engine.complete(request(POINTS[0]))
+    calls = (target.counter.calls, draft.counter.calls)
+    again = engine.complete(request(POINTS[0], doc="file:///w/other.py"))
+    assert again.cache_hit
+    assert (target.counter.calls, draft.counter.calls) == calls  # Not one more pass
+    assert again.text == first.text
+    # a different max_tokens is a different key
+    third = engine.complete(request(POINTS[0], max_tokens=12))
+    assert not third.cache_hit and target.counter.calls > calls[0]
+    assert engine.stats()["cache_hits"] == 1
+
+
+def test_lru_replays_stop_of_the_new_request() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(), models)
+    full = engine.complete(request(POINTS[3], max_tokens=40))
+    assert len(full.text) > 3
+    cut_at = 3
+
+    def stop(text: str) -> int | None:
+        return cut_at if len(text) >= cut_at else None
+
+    req = replace(request(POINTS[3], max_tokens=40), stop=stop)
+    hit = engine.complete(req)
+    assert hit.cache_hit and hit.text == full.text[:cut_at] and hit.stop_reason == "stop"
+    # an entry cut by a stop does not answer a request without one
+    engine2 = OnnxEngine(EngineSettings(), models)
+    engine2.complete(req)
+    miss = engine2.complete(request(POINTS[3], max_tokens=40))
+    assert not miss.cache_hit and miss.text == full.text
+
+
+def test_text_stop_cuts_and_stops_early() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(lru_size=0), models)
+    full = engine.complete(request(POINTS[1], max_tokens=40))
+    assert len(full.text) >= 6
+
+    def stop(text: str) -> int | None:
+        return 5 if len(text) >= 6 else None
+
+    cut = engine.complete(replace(request(POINTS[1], max_tokens=40), stop=stop, doc_id="file:///w/c.py"))
+    assert cut.text == full.text[:5]
+    assert cut.stop_reason == "stop"
+    assert cut.tokens == 6  # Not 40: generation stopped as soon as the stop fired
+
+
+def test_text_stop_holds_back_split_utf8() -> None:
+    seen: list[str] = []
+
+    def stop(text: str) -> int | None:
+        seen.append(text)
+        return None
+
+    s = _TextStop(ByteTokenizer(), stop)
+    ids = list("aé€".encode())
+    for i in range(1, len(ids) + 1):
+        s(ids[:i])
+    assert seen == ["a", "a", "aé", "aé", "aé", "aé€"]  # Not "a\ufffd": partial chars held back
+
+
+def test_cancel_returns_within_one_pass() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(speculate=False, lru_size=0), models)
+    target = models.target
+    assert isinstance(target, FakeLM)
+    checks = 0
+
+    def cancelled() -> bool:
+        nonlocal checks
+        checks += 1
+        return checks > 4
+
+    r = engine.complete(request(POINTS[0], max_tokens=40), cancelled)
+    assert r.cancelled and r.stop_reason == "cancelled"
+    assert r.target_passes <= 4  # Not 40
+    assert engine.stats()["cancelled"] == 1
+    # the document's cache is still consistent: the next request is exact
+    engine.complete(request(POINTS[0], max_tokens=20))
+    assert engine.last_tokens == reference(models, engine, 20)
+
+
+def test_cancelled_before_start_makes_no_calls() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(), models)
+    r = engine.complete(request(POINTS[0]), lambda: True)
+    assert r.cancelled and r.text == "" and r.target_passes == 0
+
+
+def test_close_document_frees_kv() -> None:
+    engine = OnnxEngine(EngineSettings(), fake_models())
+    engine.update_document("file:///w/a.py", SOURCE)
+    engine.complete(request(POINTS[0]))
+    assert engine.stats()["documents"] == 1 and int(engine.stats()["kv_tokens"]) > 0  # type: ignore[call-overload]
+    engine.close_document("file:///w/a.py")
+    assert engine.stats()["documents"] == 0 and engine.stats()["kv_tokens"] == 0
+
+
+def test_kv_documents_bounded() -> None:
+    engine = OnnxEngine(EngineSettings(kv_documents=2, speculate=False), fake_models())
+    for i in range(4):
+        engine.complete(request(POINTS[0], max_tokens=3, doc=f"file:///w/{i}.py"))
+    assert engine.stats()["documents"] == 2
+
+
+def test_speculation_cap_zero_turns_drafting_off() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(), models)
+    r = engine.complete(replace(request(POINTS[1]), speculation_cap=0))
+    assert r.drafted == 0
+    assert engine.last_tokens == reference(models, engine, 40)
+
+
+def test_bad_inputs() -> None:
+    engine = OnnxEngine(EngineSettings(), fake_models())
+    assert engine.complete(request(POINTS[0], max_tokens=0)).text == ""
+    assert engine.complete(CompletionRequest(doc_id="x", prefix="", suffix="")).stop_reason in (
+        "eos",
+        "max_tokens",
+    )
+    with pytest.raises(EngineError):
+        OnnxEngine(EngineSettings()).complete(request(0))  # not loaded
+
+
+def test_missing_model_dir_is_engine_error(tmp_path: object) -> None:
+    engine = OnnxEngine(EngineSettings(target_dir=str(tmp_path) + "/nope", use_draft=False))
+    with pytest.raises(EngineError) as info:
+        engine.load()
+    assert "nope" in str(info.value)
+    assert not engine.ready
+
+
+def test_update_from_another_thread_while_completing() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(lru_size=0), models)
+    stop_flag = threading.Event()
+
+    def typer() -> None:
+        i = 0
+        while not stop_flag.is_set():
+            engine.update_document(f"file:///w/t{i % 3}.py", SOURCE[: 50 + i % 100])
+            if i % 7 == 0:
+                engine.close_document(f"file:///w/t{i % 3}.py")
+            i += 1
+
+    t = threading.Thread(target=typer)
+    t.start()
+    try:
+        for pos in POINTS:
+            engine.complete(request(pos, max_tokens=16))
+            assert engine.last_tokens == reference(models, engine, 16)
+    finally:
+        stop_flag.set()
+        t.join()
+
+
+def test_stats_shape() -> None:
+    engine = OnnxEngine(EngineSettings(), fake_models())
+    engine.complete(request(POINTS[0]))
+    engine.complete(request(POINTS[0]))
+    s = engine.stats()
+    for key in (
+        "requests",
+        "cancelled",
+        "empty",
+        "tokens_generated",
+        "target_passes",
+        "per_drafter",
+        "prefix_reuse_hit_rate",
+        "completion_reuse_hit_rate",
+        "cache_hits",
+        "latency_ms_p50",
+        "latency_ms_p95",
+        "provider",
+    ):
+        assert key in s
+    assert s["requests"] == 2 and s["cache_hits"] == 1
