@@ -6,7 +6,9 @@ an early rejection (fewer than half accepted); clamped to [gamma_min, gamma_max]
 Pays check: with tau = tokens committed per speculative pass (accepted + 1) and kappa = cost of a
 speculative pass relative to a plain one (1 + drafting cost), the estimated speedup is tau / kappa.
 Drafting cost per pass is ``c * drafted`` when the caller gives c (``DecodeSettings.draft_cost_ratio``),
-else measured: drafting time / target time of that pass. Both are exponential moving averages. After a
+else measured: (drafting time + verify pass time) / plain pass time - 1, where the plain pass time is a
+moving average over the plain passes seen so far (the verify pass itself when there were none, which
+ignores the extra cost of verifying more positions). All are exponential moving averages. After a
 few warm-up passes, if the estimate falls below ``min_speedup`` drafting is turned off (gamma 0 ->
 plain steps) for ``backoff`` passes, then probed again; the backoff doubles while it keeps not paying.
 """
@@ -40,6 +42,7 @@ class GammaController:
         self._gamma = min(max(settings.gamma, self._lo), self._hi)
         self._tau: float | None = None  # EMA tokens per speculative pass
         self._cost: float | None = None  # EMA drafting cost per pass, relative to a target pass
+        self._plain_s: float | None = None  # EMA time of a plain (one-token) target pass
         self._observed = 0
         self._off_for = 0  # plain passes left before probing again
         self._backoff = policy.backoff_min
@@ -66,6 +69,11 @@ class GammaController:
             return 0
         return max(0, min(self._gamma, remaining - 1))
 
+    def observe_plain(self, target_s: float) -> None:
+        """A plain pass (nothing drafted) took ``target_s``: the baseline of the measured cost."""
+        e = self._policy.ema
+        self._plain_s = target_s if self._plain_s is None else e * self._plain_s + (1 - e) * target_s
+
     def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
         """One speculative pass: ``drafted`` proposed, ``accepted`` of them accepted; ``draft_s`` time
         spent drafting, ``target_s`` time of the target pass (for the measured cost ratio)."""
@@ -80,7 +88,8 @@ class GammaController:
         if s.draft_cost_ratio is not None:
             cost = s.draft_cost_ratio * drafted
         else:
-            cost = draft_s / target_s if target_s > 0.0 else 0.0
+            plain = self._plain_s if self._plain_s is not None else target_s
+            cost = max(0.0, (draft_s + target_s) / plain - 1.0) if plain > 0.0 else 0.0
         tau = float(accepted + 1)
         self._tau = tau if self._tau is None else p.ema * self._tau + (1 - p.ema) * tau
         self._cost = cost if self._cost is None else p.ema * self._cost + (1 - p.ema) * cost

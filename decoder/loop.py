@@ -147,6 +147,8 @@ def generate(
             drafter.observe(n_acc)
             _record(result, _sources(drafter, len(draft)), n_acc)
             control.observe(len(draft), n_acc, t_target - t_draft, t_done - t_target)
+        else:
+            control.observe_plain(t_done - t_target)
         for tok in [*draft[:n_acc], nxt]:  # commit token by token so every stop lands exactly
             if tok in eos_ids:
                 reason = "eos"

@@ -76,3 +76,13 @@ def test_min_speedup_zero_never_turns_off() -> None:
     for _ in range(10):
         c.observe(3, 0, 0.0, 1.0)
     assert c.gamma(100) > 0
+
+
+def test_measured_cost_uses_the_plain_pass_time_as_baseline() -> None:
+    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False))
+    c.observe_plain(0.010)
+    for _ in range(3):
+        # 2 tokens per pass, no drafting time, but verifying 4 positions costs 2.5x a plain pass
+        c.observe(3, 1, 0.0, 0.025)
+    assert c.speedup() is not None and abs(c.speedup() - 2 / 2.5) < 1e-9  # type: ignore[operator]
+    assert c.gamma(100) == 0  # Not 3: without the baseline the verify cost would look free
