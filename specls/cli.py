@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "specls.complete_cmd",  # complete
     "specls.bench",  # bench [decode|lsp|team|gpu]
     "specls.lsp.cli",  # serve, stats
+    "specls.team.cli",  # serve-engine
 )
 
 

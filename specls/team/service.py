@@ -129,6 +129,29 @@ class TeamMetricsObserver:
             )
 
 
+def declare_scheduler_gauges(metrics: Metrics, scheduler: FairScheduler) -> None:
+    """Gauges read from the scheduler at scrape time."""
+
+    def depth() -> Iterable[tuple[Mapping[str, str], float]]:
+        return [({}, float(scheduler.queue_depth()))]
+
+    def active() -> Iterable[tuple[Mapping[str, str], float]]:
+        return [({}, float(scheduler.active_clients))]
+
+    def ready() -> Iterable[tuple[Mapping[str, str], float]]:
+        return [({}, 1.0 if scheduler.ready else 0.0)]
+
+    def cap() -> Iterable[tuple[Mapping[str, str], float]]:
+        spec = scheduler.scheduler_stats()["speculation"]
+        value = spec.get("current_cap") if isinstance(spec, dict) else None
+        return [({}, -1.0 if value is None else float(value))]
+
+    metrics.gauge("queue_depth", "Requests waiting for the engine", callback=depth)
+    metrics.gauge("active_clients", "Connected client sessions", callback=active)
+    metrics.gauge("engine_ready", "1 when the model is loaded", callback=ready)
+    metrics.gauge("speculation_cap", "Speculation cap of the last dispatch (-1 = engine's own)", callback=cap)
+
+
 class TeamService:
     """Everything a multi-client server shares. Raises AuthError at construction when the bind
     address needs a token file and none was given."""
@@ -143,28 +166,8 @@ class TeamService:
         self.request_log = RequestLog(settings.request_log)
         self.observer = TeamMetricsObserver(self.metrics, self.request_log)
         self.scheduler = FairScheduler(engine, settings.scheduler, observers=(self.observer,))
-        self.metrics.gauge("queue_depth", "Requests waiting for the engine", callback=self._queue_depth)
-        self.metrics.gauge("active_clients", "Connected client sessions", callback=self._active_clients)
-        self.metrics.gauge("engine_ready", "1 when the model is loaded", callback=self._ready)
-        self.metrics.gauge(
-            "speculation_cap", "Speculation cap of the last dispatch (-1 = engine's)", self._cap
-        )
+        declare_scheduler_gauges(self.metrics, self.scheduler)
         self._server: MetricsServer | None = None
-
-    # metrics callbacks
-    def _queue_depth(self) -> Iterable[tuple[Mapping[str, str], float]]:
-        return [({}, float(self.scheduler.queue_depth()))]
-
-    def _active_clients(self) -> Iterable[tuple[Mapping[str, str], float]]:
-        return [({}, float(self.scheduler.active_clients))]
-
-    def _ready(self) -> Iterable[tuple[Mapping[str, str], float]]:
-        return [({}, 1.0 if self.scheduler.ready else 0.0)]
-
-    def _cap(self) -> Iterable[tuple[Mapping[str, str], float]]:
-        spec = self.scheduler.scheduler_stats()["speculation"]
-        cap = spec.get("current_cap") if isinstance(spec, dict) else None
-        return [({}, -1.0 if cap is None else float(cap))]
 
     @property
     def auth_required(self) -> bool:

@@ -1,0 +1,202 @@
+"""Command line of the team service.
+
+- ``specls serve-engine``: the engine behind the OpenAI-compatible completions API.
+- ``add_team_arguments`` / ``team_settings_from_args`` / ``engine_from_args``: the options
+  ``specls serve --tcp`` shares (token file, metrics port, scheduler limits, engine choice:
+  in-process ONNX, a remote OpenAI-compatible server, or the fake engine for load tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from specls.decoder.api import Engine, EngineError
+
+log = logging.getLogger(__name__)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--engine",
+        choices=("onnx", "remote", "fake"),
+        default="onnx",
+        help="onnx: in-process models (default); remote: an OpenAI-compatible server (--remote-url); "
+        "fake: a model-free engine for load tests",
+    )
+    g.add_argument("--target", default=None, help="target model directory (default: bundled)")
+    g.add_argument("--draft", default=None, help="draft model directory (default: bundled)")
+    g.add_argument("--no-draft-model", action="store_true", help="prompt lookup only")
+    g.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    g.add_argument("--kv-documents", type=int, default=64, help="documents whose KV caches are kept")
+    g.add_argument("--remote-url", default=None, help="base URL of the remote /v1/completions server")
+    g.add_argument("--remote-model", default="", help="model name to request (default: first listed)")
+    g.add_argument(
+        "--remote-key-env",
+        default="SPECLS_REMOTE_API_KEY",
+        help="environment variable holding the remote API key (default SPECLS_REMOTE_API_KEY)",
+    )
+    g.add_argument(
+        "--remote-fim",
+        choices=("suffix", "qwen"),
+        default="suffix",
+        help="suffix: send the API's suffix field (specls serve-engine); qwen: build the Qwen2.5-Coder "
+        "FIM prompt here (vLLM, llama.cpp)",
+    )
+    g.add_argument("--fake-pass-ms", type=float, default=20.0, help="fake engine: ms per target pass")
+
+
+def add_team_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("team service")
+    g.add_argument("--token-file", default=None, help="client tokens, one per line or name:token")
+    g.add_argument("--require-token", action="store_true", help="require tokens even on a loopback address")
+    g.add_argument("--metrics-port", type=int, default=None, help="serve /metrics and /healthz on this port")
+    g.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    g.add_argument("--max-queue", type=int, default=64, help="queued requests over all clients")
+    g.add_argument("--per-client-queue", type=int, default=4, help="queued requests per client")
+    g.add_argument("--no-load-aware", action="store_true", help="never cap speculation under load")
+    g.add_argument("--log-requests", action="store_true", help="one JSON line per request on stderr")
+    g.add_argument(
+        "--log-completion-text",
+        action="store_true",
+        help="include completion text in request logs (off by default: no code in logs)",
+    )
+
+
+def scheduler_settings_from_args(args: argparse.Namespace) -> Any:
+    from specls.team.scheduler import SchedulerSettings
+
+    return SchedulerSettings(
+        max_queue=args.max_queue, per_client_queue=args.per_client_queue, load_aware=not args.no_load_aware
+    )
+
+
+def team_settings_from_args(args: argparse.Namespace, host: str) -> Any:
+    from specls.team.logs import RequestLogSettings
+    from specls.team.service import TeamSettings
+
+    return TeamSettings(
+        host=host,
+        token_file=args.token_file,
+        require_token=args.require_token,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        scheduler=scheduler_settings_from_args(args),
+        request_log=RequestLogSettings(include_text=args.log_completion_text),
+    )
+
+
+def engine_from_args(args: argparse.Namespace) -> Engine:
+    """The engine the options ask for (not loaded yet)."""
+    if args.engine == "fake":
+        from specls.team.fake import FakeEngine, FakeEngineSettings
+
+        return FakeEngine(FakeEngineSettings(pass_s=args.fake_pass_ms / 1000.0))
+    if args.engine == "remote":
+        from specls.team.remote import QWEN_FIM, QWEN_STOPS, RemoteEngine, RemoteSettings
+
+        if not args.remote_url:
+            raise EngineError("--engine remote needs --remote-url http://host:port")
+        qwen = args.remote_fim == "qwen"
+        return RemoteEngine(
+            RemoteSettings(
+                base_url=args.remote_url,
+                model=args.remote_model,
+                api_key=os.environ.get(args.remote_key_env) or None,
+                fim_template=QWEN_FIM if qwen else None,
+                stop=QWEN_STOPS if qwen else (),
+            )
+        )
+    from specls.engine import EngineSettings, OnnxEngine
+
+    threads = args.threads or (os.cpu_count() or 1)
+    return OnnxEngine(
+        EngineSettings(
+            target_dir=args.target,
+            draft_dir=args.draft,
+            use_draft=not args.no_draft_model,
+            threads=threads,
+            kv_documents=args.kv_documents,
+        )
+    )
+
+
+def _serve_engine(args: argparse.Namespace) -> int:
+    from specls.team.auth import AuthError, require_auth_for_bind
+    from specls.team.logs import RequestLog, RequestLogSettings, install_json_handler
+    from specls.team.metrics import Metrics, MetricsServer, MetricsSettings
+    from specls.team.serve_engine import EngineHTTPServer, ServeEngineSettings
+    from specls.team.service import TeamMetricsObserver, declare_scheduler_gauges
+
+    try:
+        tokens = require_auth_for_bind(args.host, args.token_file)
+    except AuthError as exc:
+        print(f"specls serve-engine: {exc}", file=sys.stderr)
+        return 2
+    try:
+        engine = engine_from_args(args)
+        engine.load(lambda msg, frac: log.info("%3.0f%% %s", frac * 100, msg))
+    except EngineError as exc:
+        print(f"specls serve-engine: {exc}", file=sys.stderr)
+        return 1
+    if args.log_requests:
+        install_json_handler()
+    try:
+        server = EngineHTTPServer(
+            ServeEngineSettings(
+                host=args.host,
+                port=args.port,
+                model_name=args.model_name,
+                max_tokens_limit=args.max_tokens_limit,
+            ),
+            engine,
+            tokens,
+            scheduler_settings_from_args(args),
+        )
+    except OSError as exc:
+        print(f"specls serve-engine: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    metrics = Metrics()
+    request_log = RequestLog(RequestLogSettings(include_text=args.log_completion_text))
+    server.scheduler.add_observer(TeamMetricsObserver(metrics, request_log if args.log_requests else None))
+    declare_scheduler_gauges(metrics, server.scheduler)
+    metrics_server = None
+    if args.metrics_port is not None:
+        metrics_server = MetricsServer(MetricsSettings(args.metrics_host, args.metrics_port), metrics).start()
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"specls serve-engine: {server.url}/v1/completions (model {args.model_name!r})", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if metrics_server is not None:
+            metrics_server.close()
+        server.close()
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve-engine",
+        help="expose the completion engine over the OpenAI-compatible /v1/completions API",
+        description="Serve the completion engine over the OpenAI-compatible /v1/completions API "
+        "(prompt, suffix, max_tokens, stop, stream; SSE streaming) for specls front ends "
+        "(--engine remote) and other clients.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --token-file)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", default="specls", help="the model id /v1/models reports")
+    p.add_argument("--max-tokens-limit", type=int, default=512)
+    add_engine_arguments(p)
+    add_team_arguments(p)
+    p.set_defaults(func=_serve_engine)
