@@ -131,3 +131,32 @@ def test_rejection_second_position_and_bonus() -> None:
             t1, t2 = x1, x2
         counts[t1, t2] += 1
     assert 0.5 * np.abs(counts / n_draws - exact).sum() < 0.015
+
+
+def _full_sort_reference(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """process_logits the slow obvious way: a full stable sort of every row."""
+    x = np.atleast_2d(np.asarray(logits, dtype=np.float64)) / temperature
+    vocab = x.shape[-1]
+    if 0 < top_k < vocab:
+        kth = np.sort(x, axis=-1)[:, vocab - top_k : vocab - top_k + 1]
+        x = np.where(x >= kth, x, -np.inf)
+    p = np.exp(x - x.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    order = np.argsort(-p, axis=-1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, axis=-1)
+    keep_sorted = (np.cumsum(sorted_p, axis=-1) - sorted_p) < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    p = np.where(keep, p, 0.0)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("vocab", [8, 5000, 49152])
+@pytest.mark.parametrize("scale", [0.1, 3.0, 20.0])  # flat (top_p needs most of the vocab) .. peaky
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 0.5), (0, 0.95), (40, 0.9)])
+def test_partial_top_p_equals_a_full_sort(vocab: int, scale: float, top_k: int, top_p: float) -> None:
+    rng = np.random.default_rng(vocab)
+    logits = rng.standard_normal((3, vocab)) * scale
+    logits[0, : vocab // 2] = logits[0, 0]  # a row with many ties
+    got = process_logits(logits, 0.8, top_k, top_p)
+    np.testing.assert_array_equal(got, _full_sort_reference(logits, 0.8, top_k, top_p))
