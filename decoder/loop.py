@@ -39,6 +39,19 @@ def _sources(drafter: Drafter, n: int) -> list[str]:
     return names[:n] if len(names) >= n else [drafter.name] * n
 
 
+def _proposal(
+    drafter: Drafter, seq: list[int], gamma: int, sampling: bool
+) -> tuple[list[int], np.ndarray | None]:
+    """draft: [n <= gamma] ids, q: [n, vocab] or None (point mass); raises on a malformed proposal."""
+    draft = [int(t) for t in drafter.propose(seq, gamma)[:gamma]]
+    if any(t < 0 for t in draft):
+        raise ValueError(f"negative token id in proposal {draft}")
+    q = drafter.proposal_probs() if sampling and draft else None
+    if q is not None and (q.ndim != 2 or q.shape[0] < len(draft)):
+        raise ValueError(f"proposal_probs shape {q.shape} does not cover {len(draft)} drafted tokens")
+    return draft, (q[: len(draft)] if q is not None else None)
+
+
 def _fit_vocab(q: np.ndarray, vocab: int) -> np.ndarray:
     """q: [n, vocab_q] -> [n, vocab] (a draft model with a padded or shorter embedding table)."""
     if q.shape[-1] > vocab:
@@ -128,8 +141,11 @@ def generate(
         q: np.ndarray | None = None
         t_draft = clock()
         if drafter is not None and gamma > 0:
-            draft = [int(t) for t in drafter.propose(seq, gamma)[:gamma]]
-            q = drafter.proposal_probs() if sampling and draft else None
+            try:
+                draft, q = _proposal(drafter, seq, gamma, sampling)
+            except Exception:  # speculation is only an optimisation: go on without the drafter
+                log.warning("drafter %s failed; decoding without it", drafter.name, exc_info=True)
+                drafter, draft, q = None, [], None
         t_target = clock()
         base = target.length  # == len(seq) - 1
         logits = target.forward([seq[-1], *draft])  # logits: [n+1, vocab]

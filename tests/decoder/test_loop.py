@@ -336,3 +336,31 @@ def test_sampling_loop_matches_target_distribution(which: str) -> None:
     assert tv < 0.05
     if which != "none":
         assert drafted >= draws  # the drafter really drafted
+
+
+class _FailingDrafter(ScriptedDrafter):
+    """Right for a few proposals, then raises (or returns garbage)."""
+
+    def __init__(self, fail_after: int, how: str) -> None:
+        super().__init__(PROMPT, REF, 64, "right")
+        self.calls = 0
+        self.fail_after = fail_after
+        self.how = how
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        self.calls += 1
+        if self.calls > self.fail_after:
+            if self.how == "raise":
+                raise RuntimeError("draft model crashed")
+            return [-3] * k
+        return super().propose(context, k)
+
+
+@pytest.mark.parametrize("how", ["raise", "negative"])
+def test_a_failing_drafter_degrades_to_plain_decoding(how: str) -> None:
+    drafter = _FailingDrafter(2, how)
+    cache = CheckedCache(TARGET.new_cache(), FULL)
+    result = generate(cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset())
+    assert result.tokens == REF  # Not an exception
+    assert drafter.calls == 3  # never asked again after it failed
+    assert result.accepted == 2 * K
