@@ -133,6 +133,13 @@ class DraftModelDrafter:
         self._n = 0
         if k <= 0 or not context:
             return []
+        try:
+            return self._propose(context, k)
+        except Exception:
+            self.reset()  # the cache may hold a partial step: never trust it again
+            raise
+
+    def _propose(self, context: Sequence[int], k: int) -> list[int]:
         if self._cache is None:
             self._cache = self.model.new_cache()
             self._tokens = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from specls.decoder.api import DecodeSettings, Drafter
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.ngram import NgramIndex
@@ -113,3 +114,32 @@ def test_hybrid_sampling_q_has_point_mass_rows_for_lookup_tokens() -> None:
     assert q[0, 20] == 1.0 and q[1, 21] == 1.0 and q[0].sum() == 1.0
     np.testing.assert_allclose(q[2:].sum(axis=1), 1.0)
     assert tokens[:2] == [20, 21]
+
+
+def test_draft_model_resets_its_cache_after_a_failure() -> None:
+    class Flaky(FakeLM):
+        fail = False
+
+        def new_cache(self):  # type: ignore[no-untyped-def]
+            cache = super().new_cache()
+            forward = cache.forward
+
+            def flaky(ids):  # type: ignore[no-untyped-def]
+                if Flaky.fail:
+                    cache.tokens.append(0)  # a half-done step
+                    raise RuntimeError("boom")
+                return forward(ids)
+
+            cache.forward = flaky  # type: ignore[method-assign]
+            return cache
+
+    lm = Flaky(FakeLMConfig(vocab=32, window=2, seed=4))
+    drafter = DraftModelDrafter(lm)
+    ctx = [3, 4, 5, 6]
+    drafter.propose(ctx, 3)
+    Flaky.fail = True
+    with pytest.raises(RuntimeError):
+        drafter.propose(ctx + [1], 3)
+    assert drafter.cached_tokens == 0
+    Flaky.fail = False
+    assert drafter.propose(ctx + [1], 3) == LM.greedy(ctx + [1], 3)  # Not a stale-cache continuation
