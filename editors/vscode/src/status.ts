@@ -4,23 +4,37 @@ import * as vscode from 'vscode';
 
 type Kind = 'loading' | 'ready' | 'disabled' | 'error';
 
-/** The first finite number among `keys` (searched in `stats` and one level of nested objects). */
-export function pickNumber(stats: Record<string, unknown>, keys: readonly string[]): number | undefined {
-    const scopes: Record<string, unknown>[] = [stats];
-    for (const v of Object.values(stats)) {
-        if (v && typeof v === 'object' && !Array.isArray(v)) {
-            scopes.push(v as Record<string, unknown>);
-        }
-    }
-    for (const key of keys) {
-        for (const scope of scopes) {
-            const v = scope[key];
-            if (typeof v === 'number' && Number.isFinite(v)) {
-                return v;
-            }
-        }
-    }
-    return undefined;
+type Json = Record<string, unknown>;
+
+function obj(v: unknown): Json | undefined {
+    return v && typeof v === 'object' && !Array.isArray(v) ? (v as Json) : undefined;
+}
+
+function num(v: unknown): number | undefined {
+    return typeof v === 'number' && Number.isFinite(v) ? v : undefined;
+}
+
+export interface StatsSummary {
+    state?: string; // new | loading | ready | failed
+    error?: string;
+    acceptance?: number; // drafted tokens the target accepted, 0..1
+    p50Ms?: number; // completion request latency
+    accepted?: number; // suggestions the user accepted
+    answered?: number; // suggestions the server returned
+}
+
+/** The few numbers the status bar shows, from `specls/stats` ({engine: {...}, server: {...}}). */
+export function summarize(stats: Json): StatsSummary {
+    const server = obj(stats.server) ?? {};
+    const engine = obj(stats.engine) ?? {};
+    return {
+        state: typeof server.state === 'string' ? server.state : undefined,
+        error: typeof server.error === 'string' && server.error ? server.error : undefined,
+        acceptance: num(engine.acceptance) ?? num(engine.acceptance_rate),
+        p50Ms: num(obj(server.latency_ms)?.p50) ?? num(engine.latency_ms_p50),
+        accepted: num(server.accepted),
+        answered: num(server.answered),
+    };
 }
 
 export class StatusBar implements vscode.Disposable {
@@ -28,7 +42,7 @@ export class StatusBar implements vscode.Disposable {
     private kind: Kind = 'loading';
     private detail = '';
     private disabledLanguage: string | undefined;
-    private stats: Record<string, unknown> | undefined;
+    private stats: StatsSummary | undefined;
 
     constructor() {
         this.item = vscode.window.createStatusBarItem('specls.status', vscode.StatusBarAlignment.Right, 100);
@@ -62,13 +76,17 @@ export class StatusBar implements vscode.Disposable {
         this.render();
     }
 
-    setStats(stats: Record<string, unknown>): void {
-        this.stats = stats;
-        // A server that reports it is still loading keeps the status at loading.
-        if (stats.ready === false && this.kind === 'ready') {
+    setStats(stats: Json): void {
+        const summary = summarize(stats);
+        this.stats = summary;
+        // The server's own state wins: a load that is still running, or one that failed.
+        if (summary.state === 'failed') {
+            this.kind = 'error';
+            this.detail = summary.error ?? 'model load failed';
+        } else if ((summary.state === 'loading' || summary.state === 'new') && this.kind === 'ready') {
             this.kind = 'loading';
             this.detail = 'loading model';
-        } else if (stats.ready === true && this.kind === 'loading') {
+        } else if (summary.state === 'ready' && this.kind === 'loading') {
             this.kind = 'ready';
             this.detail = '';
         }
@@ -87,14 +105,12 @@ export class StatusBar implements vscode.Disposable {
         if (kind === 'disabled') {
             lines.push(`not enabled for ${this.disabledLanguage} (setting specls.enabledLanguages)`);
         }
-        if (this.stats) {
-            const rate = pickNumber(this.stats, ['acceptance_rate', 'acceptanceRate', 'accept_rate']);
-            const p50 = pickNumber(this.stats, ['p50_ms', 'latency_p50_ms', 'p50LatencyMs', 'latencyP50Ms']);
-            const requests = pickNumber(this.stats, ['requests', 'completions']);
-            lines.push(`acceptance rate: ${rate === undefined ? 'n/a' : `${(rate * 100).toFixed(1)}%`}`);
-            lines.push(`p50 latency: ${p50 === undefined ? 'n/a' : `${p50.toFixed(0)} ms`}`);
-            if (requests !== undefined) {
-                lines.push(`completions: ${requests}`);
+        const st = this.stats;
+        if (st) {
+            lines.push(`draft acceptance rate: ${st.acceptance === undefined ? 'n/a' : `${(st.acceptance * 100).toFixed(1)}%`}`);
+            lines.push(`p50 latency: ${st.p50Ms === undefined ? 'n/a' : `${st.p50Ms.toFixed(0)} ms`}`);
+            if (st.answered !== undefined) {
+                lines.push(`suggestions accepted: ${st.accepted ?? 0} of ${st.answered}`);
             }
         }
         this.item.tooltip = lines.join('\n');

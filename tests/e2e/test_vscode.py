@@ -1,0 +1,77 @@
+"""Real VS Code (code-server 4.139.1 in Debian's Chromium, driven by playwright-core) with the packaged
+.vsix against a real `specls serve` and the bundled model: open a Python file from the Explorer, type,
+ghost text appears, Tab accepts, the saved file contains it. Screenshots go to test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import (
+    ARTIFACTS,
+    GHOST_TIMEOUT_S,
+    PY_SOURCE,
+    PY_TYPED,
+    Editors,
+    clean_env,
+    load_result,
+    run_bounded,
+)
+
+pytestmark = pytest.mark.e2e
+
+DRIVER = Path(__file__).with_name("vscode_e2e.js")
+
+
+def squash(text: str) -> str:
+    """Whitespace-insensitive form (the DOM renders indentation and line breaks its own way)."""
+    return "".join(text.split())
+
+
+def test_vscode_ghost_text_and_tab(editors: Editors, specls_bin: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    source = workspace / "fib.py"
+    source.write_text(PY_SOURCE)
+    result_path = tmp_path / "result.json"
+    env = clean_env(tmp_path / "env")
+    env.update(
+        NODE_PATH=str(editors.node_path),
+        CODE_SERVER=str(editors.code_server),
+        CHROMIUM=str(editors.chromium),
+        VSIX=str(editors.vsix),
+        SPECLS_BIN=str(specls_bin),
+        E2E_WORKSPACE=str(workspace),
+        E2E_FILE=source.name,
+        E2E_TYPE=PY_TYPED,
+        E2E_RUN_DIR=str(tmp_path / "run"),
+        E2E_ARTIFACTS=str(ARTIFACTS),
+        E2E_RESULT=str(result_path),
+        E2E_TIMEOUT_MS=str(int(GHOST_TIMEOUT_S * 1000)),
+    )
+    started = time.monotonic()
+    rc, output = run_bounded([str(editors.node), str(DRIVER)], env, timeout=GHOST_TIMEOUT_S + 180)
+    result = load_result(result_path, output)
+    print(f"[vscode] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log")))
+    assert result.get("ok"), (
+        f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
+    )
+
+    assert Path(str(result["screenshot"])).is_file()
+    ghost_inline = "".join(result["ghost_inline"])  # type: ignore[arg-type]
+    ghost_below = "".join(result["ghost_below"])  # type: ignore[arg-type]
+    assert ghost_inline.strip() or ghost_below.strip(), "ghost text elements were empty"
+
+    after = str(result["after"])
+    typed = PY_SOURCE + PY_TYPED
+    assert after.startswith(typed), f"the saved file does not start with what was typed: {after!r}"
+    inserted = after[len(typed) :]
+    assert inserted.strip(), f"Tab inserted nothing: {after!r}"
+    first, _, rest = inserted.partition("\n")
+    # what was shown at the cursor is what Tab inserted: the first line exactly, the lines below
+    # (rendered in a view zone) up to whitespace
+    assert first == ghost_inline, (first, ghost_inline)
+    assert squash(rest) == squash(ghost_below), (rest, ghost_below)

@@ -1,0 +1,244 @@
+// Drives real VS Code (code-server, in Debian's Chromium via playwright-core) with the packaged specls
+// extension against a real `specls serve`:
+//   install the .vsix, open a Python file from the Explorer, type, wait for ghost text, Tab, save, read it.
+// Environment (all required): CODE_SERVER, CHROMIUM, VSIX, SPECLS_BIN (the specls executable),
+// E2E_WORKSPACE (a folder holding E2E_FILE), E2E_FILE (file name), E2E_TYPE (text to type at the end of the
+// file), E2E_RUN_DIR (fresh dir for HOME, XDG and user data), E2E_ARTIFACTS (screenshots), E2E_RESULT (JSON
+// written here), E2E_TIMEOUT_MS (for the ghost text).
+'use strict';
+const { chromium } = require('playwright-core');
+const { spawn, execFileSync } = require('child_process');
+const fs = require('fs');
+const net = require('net');
+const path = require('path');
+
+const env = (k) => {
+    const v = process.env[k];
+    if (!v) throw new Error(`missing environment variable ${k}`);
+    return v;
+};
+const t0 = Date.now();
+const result = { ok: false, log: [] };
+const log = (m) => {
+    const line = `${String(Date.now() - t0).padStart(6)} ms ${m}`;
+    result.log.push(line);
+    process.stderr.write(line + '\n');
+};
+const sleep = (n) => new Promise((r) => setTimeout(r, n));
+
+function freePort() {
+    return new Promise((resolve, reject) => {
+        const s = net.createServer();
+        s.listen(0, '127.0.0.1', () => {
+            const port = s.address().port;
+            s.close(() => resolve(port));
+        });
+        s.on('error', reject);
+    });
+}
+
+async function main() {
+    const runDir = env('E2E_RUN_DIR');
+    const artifacts = env('E2E_ARTIFACTS');
+    const workspace = env('E2E_WORKSPACE');
+    const file = path.join(workspace, env('E2E_FILE'));
+    const typed = env('E2E_TYPE');
+    const timeout = Number(process.env.E2E_TIMEOUT_MS || 120000);
+    fs.mkdirSync(artifacts, { recursive: true });
+
+    // Fresh HOME / XDG / user data for this run: nothing restored from an earlier one.
+    const dirs = {};
+    for (const d of ['home', 'config', 'data', 'cache', 'state', 'user-data', 'extensions']) {
+        dirs[d] = path.join(runDir, d);
+        fs.mkdirSync(dirs[d], { recursive: true });
+    }
+    const childEnv = {
+        ...process.env,
+        HOME: dirs.home,
+        XDG_CONFIG_HOME: dirs.config,
+        XDG_DATA_HOME: dirs.data,
+        XDG_CACHE_HOME: dirs.cache,
+        XDG_STATE_HOME: dirs.state,
+        // code-server's launcher is `#!/usr/bin/env node`: it needs this Node (24) first on PATH
+        PATH: `${path.dirname(process.execPath)}${path.delimiter}${process.env.PATH}`,
+    };
+    const cs = env('CODE_SERVER');
+    const common = ['--user-data-dir', dirs['user-data'], '--extensions-dir', dirs.extensions];
+
+    let t = Date.now();
+    let out;
+    try {
+        out = execFileSync(cs, [...common, '--install-extension', env('VSIX')], {
+            env: childEnv,
+            encoding: 'utf8',
+            stdio: ['ignore', 'pipe', 'pipe'],
+            timeout: 120000,
+        });
+    } catch (e) {
+        throw new Error(`code-server --install-extension failed: ${String(e.stderr || e).slice(-2000)}`);
+    }
+    log(`installed the vsix in ${Date.now() - t} ms: ${out.trim().split('\n').pop()}`);
+    result.install_ms = Date.now() - t;
+
+    fs.mkdirSync(path.join(dirs['user-data'], 'User'), { recursive: true });
+    const settings = {
+        'specls.serverPath': env('SPECLS_BIN'),
+        'specls.maxTokens': 24,
+        'editor.inlineSuggest.enabled': true,
+        // keep the other completion UIs out of the way of Tab
+        'editor.quickSuggestions': { other: 'off', comments: 'off', strings: 'off' },
+        'editor.suggestOnTriggerCharacters': false,
+        'editor.wordBasedSuggestions': 'off',
+        'editor.tabCompletion': 'off',
+        'editor.autoClosingBrackets': 'never',
+        'editor.autoClosingQuotes': 'never',
+        'editor.autoIndent': 'none',
+        'files.autoSave': 'off',
+        'workbench.startupEditor': 'none',
+        'workbench.tips.enabled': false,
+        'workbench.enableExperiments': false,
+        'security.workspace.trust.enabled': false,
+        'extensions.autoUpdate': false,
+        'extensions.autoCheckUpdates': false,
+        'extensions.ignoreRecommendations': true,
+        'telemetry.telemetryLevel': 'off',
+        'update.mode': 'none',
+        'chat.disableAIFeatures': true,
+        'workbench.secondarySideBar.defaultVisibility': 'hidden',
+    };
+    fs.writeFileSync(path.join(dirs['user-data'], 'User', 'settings.json'), JSON.stringify(settings, null, 2));
+    const configFile = path.join(runDir, 'code-server.yaml');
+    fs.writeFileSync(configFile, 'auth: none\ncert: false\n');
+
+    const port = await freePort();
+    t = Date.now();
+    const server = spawn(
+        cs,
+        [
+            '--auth', 'none',
+            '--bind-addr', `127.0.0.1:${port}`,
+            '--disable-telemetry',
+            '--disable-update-check',
+            '--disable-workspace-trust',
+            '--disable-getting-started-override',
+            '--config', configFile,
+            ...common,
+            workspace,
+        ],
+        { env: childEnv, stdio: ['ignore', 'pipe', 'pipe'], detached: true },
+    );
+    const serverLog = fs.createWriteStream(path.join(artifacts, 'vscode-code-server.log'));
+    server.stdout.pipe(serverLog);
+    server.stderr.pipe(serverLog);
+    let browser;
+    try {
+        // code-server is up when it answers HTTP.
+        let up = false;
+        for (let i = 0; i < 600 && !up; i++) {
+            try {
+                const r = await fetch(`http://127.0.0.1:${port}/healthz`);
+                up = r.ok;
+            } catch {
+                await sleep(100);
+            }
+        }
+        if (!up) throw new Error('code-server did not answer within 60 s');
+        log(`code-server up on ${port} in ${Date.now() - t} ms`);
+
+        browser = await chromium.launch({
+            executablePath: env('CHROMIUM'),
+            headless: true,
+            args: [
+                '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+                '--disable-background-networking', '--disable-component-update', '--disable-sync',
+            ],
+        });
+        const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+        page.on('pageerror', (e) => log(`page error: ${e.message}`));
+        await page.goto(`http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}`);
+        await page.locator('.monaco-workbench').waitFor({ timeout: 60000 });
+        log('workbench visible');
+
+        // Open the file from the Explorer tree (Ctrl+P races the file index).
+        const row = page.locator('.explorer-folders-view .monaco-list-row', { hasText: env('E2E_FILE') }).first();
+        await row.waitFor({ timeout: 30000 });
+        await row.click();
+        const editor = page.locator('.editor-instance .monaco-editor').first();
+        await editor.waitFor({ timeout: 30000 });
+        await page.locator(`.tab.active[data-resource-name="${env('E2E_FILE')}"]`).waitFor({ timeout: 30000 }).catch(() => {});
+        await editor.locator('.view-lines').click();
+        log('editor open');
+
+        // Wait for the extension: its status bar item leaves the loading state (or at least exists).
+        const status = page.locator('.statusbar-item', { hasText: 'specls' }).first();
+        await status.waitFor({ timeout: 60000 });
+        result.status_initial = (await status.innerText()).trim();
+        log(`status bar: ${result.status_initial}`);
+
+        await page.keyboard.press('Control+End');
+        await page.keyboard.type(typed, { delay: 40 });
+        log(`typed ${JSON.stringify(typed)}`);
+
+        const ghost = page.locator('.ghost-text-decoration, .ghost-text');
+        const deadline = Date.now() + timeout;
+        let shown = false;
+        while (!shown && Date.now() < deadline) {
+            try {
+                await ghost.first().waitFor({ state: 'visible', timeout: 5000 });
+                shown = true;
+            } catch {
+                log('no ghost text yet; Alt+\\ (trigger inline suggestion)');
+                await page.keyboard.press('Alt+Backslash');
+            }
+        }
+        if (!shown) throw new Error(`no ghost text within ${timeout} ms`);
+        result.ghost_ms = Date.now() - t0;
+        await sleep(300); // let the decoration settle (multi-line ghost text renders a view zone)
+        const inline = await page.locator('.ghost-text-decoration').allInnerTexts();
+        const below = await page.locator('.ghost-text').allInnerTexts();
+        const clean = (s) => s.replace(/\u00a0/g, ' ');
+        result.ghost_inline = inline.map(clean);
+        result.ghost_below = below.map(clean);
+        log(`ghost text: ${JSON.stringify(result.ghost_inline)} + ${JSON.stringify(result.ghost_below)}`);
+        result.status_ready = (await status.innerText()).trim();
+        const shot = path.join(artifacts, 'vscode-ghost-text.png');
+        await page.screenshot({ path: shot });
+        result.screenshot = shot;
+
+        const before = fs.readFileSync(file, 'utf8');
+        await page.keyboard.press('Tab');
+        await sleep(300);
+        await page.keyboard.press('Control+S');
+        let after = before;
+        for (let i = 0; i < 100 && after === before; i++) {
+            await sleep(100);
+            after = fs.readFileSync(file, 'utf8');
+        }
+        result.before = before;
+        result.after = after;
+        const shotAfter = path.join(artifacts, 'vscode-accepted.png');
+        await page.screenshot({ path: shotAfter });
+        result.screenshot_accepted = shotAfter;
+        log(`saved: ${JSON.stringify(after)}`);
+        result.ok = true;
+    } finally {
+        if (browser) await browser.close().catch(() => {});
+        try {
+            process.kill(-server.pid, 'SIGTERM');
+        } catch {}
+        await sleep(500);
+        try {
+            process.kill(-server.pid, 'SIGKILL');
+        } catch {}
+    }
+}
+
+main()
+    .catch((e) => {
+        result.error = String(e && e.stack ? e.stack : e);
+        log(`FAIL: ${result.error}`);
+    })
+    .finally(() => {
+        fs.writeFileSync(env('E2E_RESULT'), JSON.stringify(result, null, 2));
+        process.exit(0);
+    });
