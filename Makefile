@@ -9,7 +9,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m specls complete demo/example.py --line 14 --character 0 --stats
+	$(PY) -m specls complete demo/example.py --line 23 --character 0 --stats
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -104,6 +104,18 @@ class _LastCompletion:
     prefix: str
     suffix: str
     text: str  # everything generated (before any stop cut): more draft material
+    tokens: list[int]  # the generated tokens (text == visible decode of them)
+    decode: Callable[[Sequence[int]], str]
+    _offsets: list[int] | None = None
+
+    def offsets(self) -> list[int]:
+        """offsets[i] = characters of visible text made by tokens[:i] (a char split across tokens
+        counts once complete); offsets[-1] == len(text)."""
+        if self._offsets is None:
+            offs = [len(visible_text(self.decode(self.tokens[:i]))) for i in range(len(self.tokens) + 1)]
+            offs[-1] = len(self.text)
+            self._offsets = [min(o, len(self.text)) for o in offs]
+        return self._offsets
 
 
 @dataclass
@@ -119,6 +131,15 @@ class _DocState:
 class _LruEntry:
     tokens: list[int]
     stop_reason: str
+
+
+@dataclass
+class _LruHit:
+    text: str  # after this request's stop
+    raw: str  # everything the entry generated
+    reason: str
+    n_tokens: int
+    tokens: list[int]
 
 
 @dataclass
@@ -142,16 +163,26 @@ class _Counters:
 
 
 class CompletionReuseDrafter:
-    """Proposes the rest of the previous completion: the generated text so far must be a prefix of
-    ``remainder`` (the old completion minus what the user typed since); then the tokens of what is left
-    are the proposal. A deterministic guess (point mass)."""
+    """Proposes the rest of the previous completion (a deterministic guess, point mass).
+
+    The previous completion is kept as its generated tokens and their text; the user has typed its
+    first ``typed_len`` characters since. At each proposal the text generated so far must continue
+    that text; the proposal is then the old completion's own tokens from the current text position
+    (the model tends to repeat its own segmentation, which re-tokenising the text would not give),
+    with the characters up to the next old token boundary tokenised afresh when the position falls
+    inside an old token."""
 
     name = REUSE
 
-    def __init__(self, tokenizer: TextTokenizer, prompt_len: int, remainder: str, max_draft: int) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer, prompt_len: int, last: _LastCompletion, typed_len: int, max_draft: int
+    ) -> None:
         self._tok = tokenizer
         self._prompt_len = prompt_len
-        self._remainder = remainder
+        self._tokens = last.tokens
+        self._text = last.text
+        self._offsets = last.offsets()
+        self._typed = typed_len
         self._max = max_draft
         self._cache: tuple[int, list[int]] | None = None  # (generated count, proposal tokens)
         self._dead = False
@@ -162,20 +193,21 @@ class CompletionReuseDrafter:
         generated = list(context[self._prompt_len :])
         if self._cache is not None and self._cache[0] == len(generated):
             return self._cache[1][:k]
-        text = self._tok.decode(generated) if generated else ""
-        if "\ufffd" in text or not self._remainder.startswith(text):
+        self._cache = (len(generated), self._proposal(generated))
+        return self._cache[1][:k]
+
+    def _proposal(self, generated: list[int]) -> list[int]:
+        text = visible_text(self._tok.decode(generated)) if generated else ""
+        pos = self._typed + len(text)
+        if "\ufffd" in text or not self._text.startswith(text, self._typed) or pos >= len(self._text):
             self._dead = True
             return []
-        rest = self._remainder[len(text) :]
-        tokens = self._tok.encode(rest)[: self._max] if rest else []
-        if not tokens:
-            self._dead = True
-        self._cache = (len(generated), tokens)
-        return tokens[:k]
+        j = next(i for i, off in enumerate(self._offsets) if off >= pos)  # offsets[-1] == len(text)
+        head = self._tok.encode(self._text[pos : self._offsets[j]]) if self._offsets[j] > pos else []
+        return [*head, *self._tokens[j:]][: self._max]
 
     def observe(self, n_accepted: int) -> None:
-        if self._cache is not None and n_accepted < len(self._cache[1]):
-            pass  # the next propose re-checks the text; a rejected draft makes it stop proposing
+        pass  # the next propose re-checks the generated text; a wrong guess stops the proposals
 
     def proposal_probs(self) -> np.ndarray | None:
         return None
@@ -327,7 +359,7 @@ class OnnxEngine:
         say = progress or (lambda message, fraction: None)
         s = self.settings
         try:
-            from specls.models.loader import load_model, resolve_model_dir
+            from specls.models.loader import check_pair, load_model, resolve_model_dir
             from specls.models.runtime import RuntimeSettings
         except ImportError as exc:  # pragma: no cover - an incomplete install
             raise EngineError(f"the model runtime is not available: {exc}") from exc
@@ -341,11 +373,7 @@ class OnnxEngine:
                 say("loading draft model", 0.6)
                 draft_dir = resolve_model_dir(s.draft_dir, "draft")
                 draft = load_model(draft_dir, runtime)
-                if draft.vocab_size != target.vocab_size:
-                    raise EngineError(
-                        f"draft model {draft_dir} has vocab {draft.vocab_size}, target has "
-                        f"{target.vocab_size}: they must share a tokenizer"
-                    )
+                check_pair(target, draft)
         except EngineError:
             raise
         except (OSError, ValueError, RuntimeError) as exc:
@@ -484,13 +512,19 @@ class OnnxEngine:
         if key is not None:
             hit = self._lru_lookup(key, request)
             if hit is not None:
-                text, raw, reason, n_tokens = hit
-                state.last = _LastCompletion(request.prefix, request.suffix, raw)
+                if hit.raw:
+                    state.last = _LastCompletion(
+                        request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer.decode
+                    )
                 with self._lock:
                     self._counters.cache_hits += 1
                     self._counters.prompt_tokens += len(prompt.tokens)
                 return CompletionResult(
-                    text=text, tokens=n_tokens, stop_reason=reason, cache_hit=True, provider=provider
+                    text=hit.text,
+                    tokens=hit.n_tokens,
+                    stop_reason=hit.reason,
+                    cache_hit=True,
+                    provider=provider,
                 )
 
         # 2. the document's KV cache, truncated to the longest common token prefix
@@ -527,7 +561,10 @@ class OnnxEngine:
         if stop is not None and stop.cut is not None:
             text = stop.text[: stop.cut]
         cancelled_now = out.stop_reason == "cancelled"
-        state.last = _LastCompletion(request.prefix, request.suffix, raw) if raw else state.last
+        if raw:
+            state.last = _LastCompletion(
+                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer.decode
+            )
         if key is not None and out.stop_reason in ("eos", "max_tokens", "stop"):
             self._lru_store(key, _LruEntry(list(out.tokens), out.stop_reason))
 
@@ -640,7 +677,7 @@ class OnnxEngine:
         if not last.text.startswith(typed) or len(typed) >= len(last.text):
             return None
         return CompletionReuseDrafter(
-            models.tokenizer, len(prompt.tokens), last.text[len(typed) :], self.settings.reuse_max_draft
+            models.tokenizer, len(prompt.tokens), last, len(typed), self.settings.reuse_max_draft
         )
 
     # -- the finished-completion LRU ---------------------------------------------------------------
@@ -658,9 +695,9 @@ class OnnxEngine:
             while len(self._lru) > self.settings.lru_size:
                 self._lru.popitem(last=False)
 
-    def _lru_lookup(self, key: bytes, request: CompletionRequest) -> tuple[str, str, str, int] | None:
-        """(text, raw text, stop reason, tokens) replayed from the LRU with this request's stop, or
-        None. An entry cut by another request's stop answers only if this stop cuts within it."""
+    def _lru_lookup(self, key: bytes, request: CompletionRequest) -> _LruHit | None:
+        """The entry replayed with this request's stop, or None. An entry cut by another request's
+        stop answers only if this stop cuts within it."""
         with self._lock:
             entry = self._lru.get(key)
             if entry is not None:
@@ -674,10 +711,10 @@ class OnnxEngine:
             for i in range(1, len(entry.tokens) + 1):
                 if stop(entry.tokens[:i]):
                     assert stop.cut is not None
-                    return stop.text[: stop.cut], raw, "stop", i
+                    return _LruHit(stop.text[: stop.cut], raw, "stop", i, entry.tokens)
         if entry.stop_reason == "stop":
             return None
-        return raw, raw, entry.stop_reason, len(entry.tokens)
+        return _LruHit(raw, raw, entry.stop_reason, len(entry.tokens), entry.tokens)
 
     # -- stats -----------------------------------------------------------------------------------
 

@@ -279,31 +279,38 @@ def test_end_to_end_torch_backend_through_the_cli(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_end_to_end_ort_small_shape(tmp_path: Path) -> None:
-    """Random-weight pair -> ONNX export -> runtime -> passes, predictions, real loop == greedy."""
+def test_end_to_end_torch_then_ort_reusing_the_checkpoints(tmp_path: Path) -> None:
+    """Random-weight pair -> torch run; then the same checkpoints -> ONNX export -> runtime -> passes,
+    predictions, real loop == greedy."""
+    work = tmp_path / "work"
+    torch_settings = tiny_settings("torch", work_dir=work, reuse=True)
+    report = gpu.run_bench(torch_settings)
+    assert report.provider == "torch-cpu"
+    assert {"build_target", "build_draft"} <= set(report.phases_s)
+    _check_report(report, torch_settings)
+
     settings = tiny_settings(
-        "ort", work_dir=tmp_path / "work", alphas=(("lookup", (0.5, 0.9)), ("draft", (0.7,)))
+        "ort", work_dir=work, reuse=True, alphas=(("lookup", (0.5, 0.9)), ("draft", (0.7,)))
     )
     report = gpu.run_bench(settings)
     assert report.backend == "ort" and report.provider == "cpu" and report.dtype == "fp32"
-    assert (tmp_path / "work" / "target-onnx" / "model.onnx").is_file()
-    assert (tmp_path / "work" / "draft-onnx" / "specls.json").is_file()
+    assert "build_target" not in report.phases_s and "export_target" in report.phases_s  # reused
+    assert (work / "target-onnx" / "model.onnx").is_file()
+    assert (work / "draft-onnx" / "specls.json").is_file()
     _check_report(report, settings)
-    # the exported target really computes the checkpoint's greedy continuation (reference == loop)
+    # the exported target computes the same greedy continuation as the torch checkpoint
     prompt = np.random.default_rng(settings.seed + 7).integers(0, 300, size=8).tolist()
     from specls.models.runtime import OnnxCausalLM, RuntimeSettings
 
-    lm = OnnxCausalLM(tmp_path / "work" / "target-onnx", RuntimeSettings(threads=1, provider="cpu"))
+    lm = OnnxCausalLM(work / "target-onnx", RuntimeSettings(threads=1, provider="cpu"))
     ref = gpu.greedy_reference(lm, prompt, 12)
+    torch_lm = gpu.TorchCausalLM(work / "target-ckpt", "cpu", "fp32")
+    assert gpu.greedy_reference(torch_lm, prompt, 12) == ref
     res = generate(lm.new_cache(), prompt, None, DecodeSettings(max_new_tokens=12, gamma=0), frozenset())
     assert res.tokens == ref
     js, md = gpu.write_report(report, tmp_path / "out")
     assert js.name.endswith("-ort.json") and md.name.endswith("-ort.md")
     assert json.loads(js.read_text())["c"].keys() == {"8", "24"}
-
-
-def test_end_to_end_torch_backend_report_structure() -> None:
-    settings = tiny_settings("torch")
-    report = gpu.run_bench(settings)
-    assert report.provider == "torch-cpu"
-    _check_report(report, settings)
+    # a third run reuses the exports too
+    again = gpu.run_bench(replace(settings, loop=False))
+    assert not any(k.startswith(("build_", "export_")) for k in again.phases_s)
