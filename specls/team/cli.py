@@ -20,7 +20,9 @@ from specls.decoder.api import Engine, EngineError
 log = logging.getLogger(__name__)
 
 
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+def add_engine_arguments(p: argparse.ArgumentParser, model_args: bool = True) -> None:
+    """``--engine onnx|remote|fake`` and its options; ``model_args=False`` leaves out the in-process
+    model options (``specls serve`` has its own --model/--draft/--threads)."""
     g = p.add_argument_group("engine")
     g.add_argument(
         "--engine",
@@ -29,11 +31,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="onnx: in-process models (default); remote: an OpenAI-compatible server (--remote-url); "
         "fake: a model-free engine for load tests",
     )
-    g.add_argument("--target", default=None, help="target model directory (default: bundled)")
-    g.add_argument("--draft", default=None, help="draft model directory (default: bundled)")
-    g.add_argument("--no-draft-model", action="store_true", help="prompt lookup only")
-    g.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
-    g.add_argument("--kv-documents", type=int, default=64, help="documents whose KV caches are kept")
+    if model_args:
+        g.add_argument("--target", default=None, help="target model directory (default: bundled)")
+        g.add_argument("--draft", default=None, help="draft model directory (default: bundled)")
+        g.add_argument("--no-draft-model", action="store_true", help="prompt lookup only")
+        g.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all)")
+        g.add_argument("--kv-documents", type=int, default=64, help="documents whose KV caches are kept")
     g.add_argument("--remote-url", default=None, help="base URL of the remote /v1/completions server")
     g.add_argument("--remote-model", default="", help="model name to request (default: first listed)")
     g.add_argument(
@@ -89,6 +92,13 @@ def team_settings_from_args(args: argparse.Namespace, host: str) -> Any:
         scheduler=scheduler_settings_from_args(args),
         request_log=RequestLogSettings(include_text=args.log_completion_text),
     )
+
+
+def engine_override_from_args(args: argparse.Namespace) -> Engine | None:
+    """The fake or remote engine when ``--engine`` asks for one, else None (in-process ONNX)."""
+    if getattr(args, "engine", "onnx") == "onnx":
+        return None
+    return engine_from_args(args)
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:

@@ -173,10 +173,12 @@ class FairScheduler:
     def add_observer(self, observer: SchedulerObserver) -> None:
         self._observers.append(observer)
 
-    def session(self, client: str) -> ClientSession:
+    def session(self, client: str, namespace: bool = True) -> ClientSession:
+        """A new client session. ``namespace=False`` when the caller already makes document ids unique
+        per connection (the LSP server prefixes them per session)."""
         with self._cond:
             sid = next(self._ids)
-            s = ClientSession(self, client, sid)
+            s = ClientSession(self, client, sid, namespace)
             self._sessions[sid] = s
             return s
 
@@ -455,18 +457,21 @@ class ClientSession:
     """One client's view of the shared engine (an ``Engine``). Document ids are namespaced by session;
     ``close`` releases everything the session holds."""
 
-    def __init__(self, scheduler: FairScheduler, client: str, sid: int) -> None:
+    def __init__(self, scheduler: FairScheduler, client: str, sid: int, namespace: bool = True) -> None:
         self.scheduler = scheduler
         self.client = client
         self.id = sid
+        self.namespace = namespace
         self._docs: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
 
     def inner_id(self, doc_id: str) -> str:
-        return f"s{self.id}{_SEP}{doc_id}"
+        return f"s{self.id}{_SEP}{doc_id}" if self.namespace else doc_id
 
     def outer_id(self, inner: str) -> str:
+        if not self.namespace:
+            return inner
         prefix = f"s{self.id}{_SEP}"
         return inner[len(prefix) :] if inner.startswith(prefix) else inner
 
@@ -498,8 +503,10 @@ class ClientSession:
     def complete(
         self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
     ) -> CompletionResult:
-        if self._closed:
-            return _cancelled_result("disconnected")
+        with self._lock:
+            if self._closed:
+                return _cancelled_result("disconnected")
+            self._docs.add(request.doc_id)  # the engine may now hold KV for it: freed on close
         inner = dataclasses.replace(
             request,
             doc_id=self.inner_id(request.doc_id),
