@@ -30,7 +30,6 @@ import json
 import logging
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -160,6 +159,7 @@ class GpuBenchSettings:
     prompt_tokens: int = 0  # 0 = the smallest past length
     seed: int = 0
     verify_export: bool = False
+    reuse: bool = False  # reuse checkpoints/exports in work_dir from an earlier run (same shape/seed/dtype)
     work_dir: Path | None = None  # where checkpoints and exports go (None = a temp dir, removed)
     out_dir: Path | None = None
 
@@ -840,38 +840,57 @@ def _validate(settings: GpuBenchSettings) -> None:
             raise BenchError(f"acceptance rate {a} outside [0, 1]")
 
 
+STAMP = "bench-build.json"
+
+
+def _stamp(shape: ModelShape, seed: int, dtype: str | None) -> dict[str, Any]:
+    return {"shape": asdict(shape), "seed": seed, "dtype": dtype}
+
+
+def _reusable(path: Path, stamp: dict[str, Any]) -> bool:
+    try:
+        return bool(json.loads((path / STAMP).read_text()) == stamp)
+    except (OSError, ValueError):
+        return False
+
+
 def _load_pair(
     settings: GpuBenchSettings, work: Path, provider: str, dtype: str, phases: dict[str, float]
 ) -> tuple[CausalLM, CausalLM]:
-    """Build (and for ort, export) then load target and draft."""
-    dirs = {}
+    """Build (and for ort, export) then load target and draft. With ``settings.reuse`` a checkpoint or
+    export already in the work dir from an earlier run with the same shape/seed/dtype is used as is."""
+    lms: list[CausalLM] = []
     for role, shape, seed in (
         ("target", settings.target, settings.seed),
         ("draft", settings.draft, settings.seed + 1),
     ):
-        with _phase(phases, f"build_{role}"):
-            dirs[role] = build_checkpoint(shape, work / f"{role}-ckpt", seed)
-    if settings.backend == "torch":
-        device = "cuda" if provider == "cuda" else "cpu"
-        if device == "cpu" and settings.threads > 0:
-            import torch
+        ckpt, onnx = work / f"{role}-ckpt", work / f"{role}-onnx"
+        onnx_stamp = _stamp(shape, seed, dtype)
+        if not (settings.backend == "ort" and settings.reuse and _reusable(onnx, onnx_stamp)):
+            if settings.reuse and _reusable(ckpt, _stamp(shape, seed, None)):
+                log.info("reusing %s", ckpt)
+            else:
+                with _phase(phases, f"build_{role}"):
+                    build_checkpoint(shape, ckpt, seed)
+                    (ckpt / STAMP).write_text(json.dumps(_stamp(shape, seed, None)))
+            if settings.backend == "ort":
+                from specls.models.export import ExportOptions, export_model
 
-            torch.set_num_threads(settings.threads)
-        with _phase(phases, "load"):
-            return (
-                TorchCausalLM(dirs["target"], device, dtype),
-                TorchCausalLM(dirs["draft"], device, dtype),
-            )
-    from specls.models.export import ExportOptions, export_model
-
-    options = ExportOptions(dtype=dtype, verify=settings.verify_export)
-    lms: list[CausalLM] = []
-    for role in ("target", "draft"):
-        with _phase(phases, f"export_{role}"):
-            out = export_model(str(dirs[role]), work / f"{role}-onnx", options)
-        shutil.rmtree(dirs[role], ignore_errors=True)  # the fp32 checkpoint is not needed any more
+                with _phase(phases, f"export_{role}"):
+                    export_model(str(ckpt), onnx, ExportOptions(dtype=dtype, verify=settings.verify_export))
+                    (onnx / STAMP).write_text(json.dumps(onnx_stamp))
+        else:
+            log.info("reusing %s", onnx)
         with _phase(phases, f"load_{role}"):
-            lms.append(_load_ort(out, settings, provider))
+            if settings.backend == "torch":
+                device = "cuda" if provider == "cuda" else "cpu"
+                if device == "cpu" and settings.threads > 0:
+                    import torch
+
+                    torch.set_num_threads(settings.threads)
+                lms.append(TorchCausalLM(ckpt, device, dtype))
+            else:
+                lms.append(_load_ort(onnx, settings, provider))
     return lms[0], lms[1]
 
 
@@ -1126,6 +1145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="keep checkpoints/exports here (default: temp)")
     p.add_argument(
+        "--reuse", action="store_true", help="reuse checkpoints/exports already in --work (same shape)"
+    )
+    p.add_argument(
         "--out", type=Path, default=None, help="write results-<date>-<gpu>-<backend>.json/.md here"
     )
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the tables")
@@ -1177,6 +1199,7 @@ def settings_from_args(args: argparse.Namespace) -> GpuBenchSettings:
         prompt_tokens=args.prompt_tokens,
         seed=args.seed,
         verify_export=args.verify_export,
+        reuse=args.reuse,
         work_dir=args.work,
         out_dir=args.out,
     )
