@@ -38,7 +38,10 @@ DEFAULT_DRAFTER_SETTINGS = DrafterSettings()
 class PromptLookupDrafter:
     """Proposes the continuation of the longest, most recent match of the context's tail in: the
     current sequence (prompt + generated, most recent of all), then the suffix after the cursor, then
-    the shared index of open buffers (most recently updated first). Point-mass proposals."""
+    the shared index of open buffers (most recently updated first). A match in the current sequence
+    that runs into its end is continued periodically (a repeating pattern keeps repeating).
+    Point-mass proposals. Reusable across requests (the sequence index is updated incrementally;
+    call ``set_suffix`` per request)."""
 
     name = "lookup"
 
@@ -66,8 +69,17 @@ class PromptLookupDrafter:
         self._context.update("context", context)  # incremental: only the new tail is indexed
         sources = [self._context, self._suffix] + ([self._index] if self._index is not None else [])
         s = self.settings
-        self.last_match = lookup(sources, context, k, s.lookup_min_n, s.lookup_max_n)
-        return self.last_match
+        m = lookup(sources, context, k, s.lookup_min_n, s.lookup_max_n)
+        if m is not None and m.source == "context" and len(m.tokens) < k:
+            # The match runs into the end of the sequence: continue copying with overlap (LZ77 style),
+            # the sequence repeating with period len(context) - position.
+            period = len(context) - m.position
+            tokens = list(m.tokens)
+            while len(tokens) < k:
+                tokens.append(tokens[len(tokens) - period])
+            m = LookupMatch(m.source, m.doc_id, m.n, m.position, tokens)
+        self.last_match = m
+        return m
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         m = self.match(context, k) if k > 0 and context else None

@@ -143,3 +143,12 @@ def test_draft_model_resets_its_cache_after_a_failure() -> None:
     assert drafter.cached_tokens == 0
     Flaky.fail = False
     assert drafter.propose(ctx + [1], 3) == LM.greedy(ctx + [1], 3)  # Not a stale-cache continuation
+
+
+def test_lookup_continues_a_repeating_pattern_past_the_end_of_the_sequence() -> None:
+    drafter = PromptLookupDrafter(None)
+    assert drafter.propose([7, 1, 2, 1, 2], 5) == [1, 2, 1, 2, 1]  # Not [1, 2]
+    assert drafter.propose([9, 3, 3, 3], 3) == [3, 3, 3]
+    index = NgramIndex()
+    index.update("d", [4, 5, 6])  # a document match is not extended past the document's end
+    assert PromptLookupDrafter(index).propose([0, 4, 5], 4) == [6]
