@@ -125,8 +125,12 @@ def generate(
     sampling = settings.temperature > 0.0
     rng = np.random.default_rng(settings.seed)
     begin = getattr(drafter, "begin", None)
-    if begin is not None:
-        begin(settings)
+    if drafter is not None and begin is not None:
+        try:
+            begin(settings)
+        except Exception:
+            log.warning("drafter %s failed to start; decoding without it", drafter.name, exc_info=True)
+            drafter = None
     control = GammaController(settings, policy)
     seq = prompt  # committed tokens; target.length == len(seq) - 1 between passes
     out = result.tokens
