@@ -42,10 +42,11 @@ class TextTokenizer(Protocol):
 class PromptBudget:
     """Token budgets of the prompt's parts."""
 
-    prefix_tokens: int = 480
-    suffix_tokens: int = 160
-    context_tokens: int = 192
-    line_chunk: int = 16  # the prefix window's left edge moves in jumps of this many lines
+    # Defaults fit the bundled pair, trained on 512-token sequences: prompt + 64 new tokens <= 512.
+    prefix_tokens: int = 256
+    suffix_tokens: int = 96
+    context_tokens: int = 64
+    line_chunk: int = 8  # the prefix window's left edge moves in jumps of this many lines
     min_snippet_tokens: int = 24  # a context snippet smaller than this is not worth its separator
 
 
@@ -142,6 +143,15 @@ class PromptBuilder:
         budget = self.budget.prefix_tokens
         if budget <= 0 or not prefix:
             return [], 0
+        # Only the tail can fit (a token is rarely longer than 16 characters): split just that, and
+        # keep absolute line numbers for the chunk alignment.
+        base = 0
+        limit = budget * 16
+        if len(prefix) > limit:
+            cut = prefix.find("\n", len(prefix) - limit)
+            if cut >= 0:
+                base = prefix.count("\n", 0, cut + 1)
+                prefix = prefix[cut + 1 :]
         lines = split_lines(prefix)
         counts = [self._count(line) for line in lines]
         # suffix sums: tail[i] = tokens of lines[i:]
@@ -149,17 +159,17 @@ class PromptBuilder:
         for i in range(len(lines) - 1, -1, -1):
             tail[i] = tail[i + 1] + counts[i]
         chunk = max(1, self.budget.line_chunk)
-        start = 0
+        start = (-base) % chunk  # the first line whose absolute number is a multiple of chunk
         while start < len(lines) and tail[start] > budget:
             start += chunk
         if start >= len(lines):  # the last chunk alone is too big: fall back to single lines
-            start = max(0, (len(lines) - 1) // chunk * chunk)
+            start = max(0, len(lines) - 1 - (len(lines) - 1 + base) % chunk)
             while start < len(lines) - 1 and tail[start] > budget:
                 start += 1
         tokens = self._tok.encode("".join(lines[start:]))
         if len(tokens) > budget:  # per-line counts are an estimate; a very long line needs a hard cut
             tokens = tokens[len(tokens) - budget :]
-        return tokens, start
+        return tokens, base + start
 
     def suffix_window(self, suffix: str) -> list[int]:
         """Tokens of the head of ``suffix`` within the budget, cut at a line end when possible."""
@@ -169,7 +179,7 @@ class PromptBuilder:
         return self._head(suffix, budget)
 
     def _head(self, text: str, budget: int) -> list[int]:
-        lines = split_lines(text)
+        lines = split_lines(text[: budget * 16])  # more cannot fit
         used = 0
         end = 0
         for line in lines:

@@ -11,6 +11,7 @@ from specls.decoder.api import CompletionRequest, EngineError
 from specls.decoder.testing import FakeLM
 
 from specls.engine import EngineSettings, LoadedModels, OnnxEngine, _TextStop
+from specls.prompt import PromptBudget
 from tests.specls.fakes import SOURCE, ByteTokenizer, fake_models
 
 CONFIGS = {
@@ -95,7 +96,8 @@ def test_prefix_reuse_same_result_fewer_prefill_tokens() -> None:
 def test_prefix_reuse_after_edit_above_cursor() -> None:
     """An edit far above the cursor changes the prompt's middle: the cache is cut there, output exact."""
     models = fake_models()
-    engine = OnnxEngine(EngineSettings(speculate=False), models)
+    # the whole file fits the window (one character = one token here)
+    engine = OnnxEngine(EngineSettings(speculate=False, budget=PromptBudget(prefix_tokens=1000)), models)
     pos = POINTS[2]
     engine.complete(request(pos))
     text = SOURCE.replace("import sys", "import sys as system")

@@ -91,3 +91,14 @@ def test_helpers() -> None:
     assert visible_text("ab\ufffd\ufffd") == "ab"
     assert longest_common_prefix(list(range(200)), [*range(150), 7]) == 150
     assert longest_common_prefix([], [1]) == 0
+
+
+def test_long_prefix_tail_window_matches_full_scan() -> None:
+    """The tail-only split gives the same window as scanning every line, aligned to absolute lines."""
+    b, tok = builder("spm", prefix_tokens=200, line_chunk=4)
+    lines = [f"value_{i} = compute({i}, {i * 7})\n" for i in range(3000)]
+    text = "".join(lines)
+    tokens, start = b.prefix_window(text)
+    assert start == 2996  # Not 2995 (the best unaligned fit): 4 lines of ~34 tokens fit, 8 do not
+    assert tok.decode(tokens) == "".join(lines[start:])
+    assert len(tokens) <= 200
