@@ -6,7 +6,7 @@ ignored. Tokens are compared in constant time and never logged. Binding to anyth
 address requires a token file.
 
 Clients present their token in ``initializationOptions`` as ``{"token": ...}`` or
-``{"specls": {"token": ...}}``; the HTTP engine API takes ``Authorization: Bearer <token>``.
+``{"specls": {"token": ...}}`` (``teamToken`` also accepted, as the editor extensions send it); the HTTP engine API takes ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -99,19 +99,22 @@ def parse_token_file(text: str, source: str = "token file") -> tuple[TokenEntry,
     return tuple(entries)
 
 
+TOKEN_KEYS = ("token", "teamToken", "team_token")
+
+
 def token_from_init_options(options: object) -> str | None:
-    """The token a client put in ``initializationOptions`` (``{"token": ..}`` or
-    ``{"specls": {"token": ..}}``), or None."""
+    """The token a client put in ``initializationOptions``: ``{"token": ..}`` or
+    ``{"specls": {"token": ..}}``; ``teamToken``/``team_token`` (the editor extensions' setting name)
+    are accepted in either place. None when there is none."""
     if not isinstance(options, Mapping):
         return None
-    token = options.get("token")
-    if isinstance(token, str) and token:
-        return token
-    nested = options.get("specls")
-    if isinstance(nested, Mapping):
-        token = nested.get("token")
-        if isinstance(token, str) and token:
-            return token
+    for section in (options, options.get("specls")):
+        if not isinstance(section, Mapping):
+            continue
+        for key in TOKEN_KEYS:
+            token = section.get(key)
+            if isinstance(token, str) and token:
+                return token
     return None
 
 

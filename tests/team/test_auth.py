@@ -56,6 +56,8 @@ def test_missing_token_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_token_extraction() -> None:
     assert token_from_init_options({"token": "t0ken-abc"}) == "t0ken-abc"
     assert token_from_init_options({"specls": {"token": "t0ken-def"}}) == "t0ken-def"
+    assert token_from_init_options({"teamToken": "t0ken-vsc", "maxTokens": 3}) == "t0ken-vsc"
+    assert token_from_init_options({"specls": {"teamToken": "t0ken-nv"}}) == "t0ken-nv"
     assert token_from_init_options({"specls": {"other": 1}}) is None
     assert token_from_init_options({"token": 5}) is None
     assert token_from_init_options(None) is None
