@@ -568,7 +568,8 @@ class OnnxEngine:
         if key is not None and out.stop_reason in ("eos", "max_tokens", "stop"):
             self._lru_store(key, _LruEntry(list(out.tokens), out.stop_reason))
 
-        reused = len(prompt.tokens) - out.prefill_tokens
+        ran = out.prefill_tokens > 0 or out.target_passes > 0
+        reused = len(prompt.tokens) - out.prefill_tokens if ran else 0
         draft_ms = drafter.ms if isinstance(drafter, _TimedDrafter) else 0.0
         with self._lock:
             c = self._counters

@@ -171,3 +171,25 @@ def test_cancel_mid_generation_returns_within_one_pass(engine: OnnxEngine, point
     assert r.target_passes == 2  # Not 3+: the loop noticed before the next pass
     assert r.tokens == 2
     assert target.calls[0] == 3  # prefill + 2 passes, Not 40
+
+
+def test_typing_session_stays_exact_and_cheap(engine: OnnxEngine, points: list[Point]) -> None:
+    """Type the first characters of each suggestion one by one: every answer equals a cold engine's,
+    and the prompt's KV is reused at every keystroke."""
+    p = points[3]
+    e = engine.with_settings(EngineSettings())
+    prefix = p.prefix
+    prefill = 0
+    for _ in range(5):
+        r = e.complete(CompletionRequest("file:///w/t.py", prefix, p.suffix, 12))
+        cold = engine.with_settings(EngineSettings(lru_size=0))
+        fresh = cold.complete(CompletionRequest("file:///w/t.py", prefix, p.suffix, 12))
+        assert r.text == fresh.text
+        if r.cache_hit:
+            break
+        prefill += r.prefill_tokens
+        if not r.text:
+            break
+        prefix += r.text[0]  # the user types the suggestion's first character
+    s = e.stats()
+    assert s["prefix_reuse_hit_rate"] == pytest.approx((int(s["requests"]) - 1) / int(s["requests"]))  # type: ignore[call-overload]
