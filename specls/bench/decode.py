@@ -163,6 +163,54 @@ def make_points(files: list[Path], n: int, seed: int) -> list[Point]:
 # -- our methods -----------------------------------------------------------------------------------
 
 
+@dataclass
+class CallLog:
+    """Every model forward of the run: (role, method, tokens fed, ms)."""
+
+    method: str = ""
+    calls: list[tuple[str, str, int, float]] = field(default_factory=list)
+
+    def median_ms(self, role: str, method: str, max_tokens: int) -> float | None:
+        ms = [c[3] for c in self.calls if c[0] == role and c[1] == method and c[2] <= max_tokens]
+        return statistics.median(ms) if ms else None
+
+
+class TimedCache:
+    def __init__(self, inner: Any, role: str, log: CallLog) -> None:
+        self._inner = inner
+        self._role = role
+        self._log = log
+
+    @property
+    def length(self) -> int:
+        return int(self._inner.length)
+
+    def forward(self, ids: Any) -> Any:
+        t0 = time.perf_counter()
+        out = self._inner.forward(ids)
+        self._log.calls.append((self._role, self._log.method, len(ids), (time.perf_counter() - t0) * 1e3))
+        return out
+
+    def truncate(self, n: int) -> None:
+        self._inner.truncate(n)
+
+
+class TimedLM:
+    """A CausalLM whose caches log each forward's time."""
+
+    def __init__(self, inner: Any, role: str, log: CallLog) -> None:
+        self._inner = inner
+        self._role = role
+        self._log = log
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._inner.vocab_size)
+
+    def new_cache(self) -> TimedCache:
+        return TimedCache(self._inner.new_cache(), self._role, self._log)
+
+
 def _ours(engine: Any, point: Point, doc_id: str, max_tokens: int) -> Run:
     from specls.decoder.api import CompletionRequest
 
@@ -270,7 +318,14 @@ def run_bench(opt: BenchOptions) -> int:
     except EngineError as exc:
         sys.stderr.write(f"specls bench decode: {exc}\n")
         return 2
-    models = hybrid.models
+    log = CallLog()
+    untimed = hybrid.models
+    models = replace(
+        untimed,
+        target=TimedLM(untimed.target, "target", log),
+        draft=TimedLM(untimed.draft, "draft", log) if untimed.draft is not None else None,
+    )
+    hybrid = OnnxEngine(hybrid.settings, models)
     engines = {
         "plain": hybrid.with_settings(replace(base, speculate=False)),
         "lookup": hybrid.with_settings(replace(base, use_draft=False, completion_reuse=False)),
@@ -290,6 +345,7 @@ def run_bench(opt: BenchOptions) -> int:
     )
     # warm-up (first-call allocations), untimed
     for name, engine in engines.items():
+        log.method = "warmup"
         _ours(engine, points[0], f"warmup-{name}", 8)
     if hf is not None:
         for m in HF:
@@ -299,6 +355,7 @@ def run_bench(opt: BenchOptions) -> int:
         ref: list[int] | None = None
         prompt: list[int] = []
         for name in OURS:  # plain first: it is the reference of this point
+            log.method = name
             r = _ours(engines[name], point, f"p{i}-{name}", opt.max_tokens)
             if name == "plain":
                 ref, prompt = r.tokens, list(engines["plain"].last_prompt)
@@ -317,7 +374,8 @@ def run_bench(opt: BenchOptions) -> int:
             + f" (plain {len(ref or [])} tokens, hybrid x{plain_ms / max(1e-9, summary['hybrid'].runs[-1].ms):.2f})\n"
         )
 
-    table = _table(summary, methods)
+    log.method = "sweep"
+    table = _table(summary, methods, log)
     print(table)
     sweep = _gamma_sweep(hybrid, base, points[: max(1, opt.sweep_points)], opt) if opt.gammas else []
     if sweep:
@@ -329,7 +387,7 @@ def run_bench(opt: BenchOptions) -> int:
             "options": {k: v for k, v in opt.__dict__.items()},
             "provider": models.provider,
             "points": [{"path": p.path, "kind": p.kind, "cursor": len(p.prefix)} for p in points],
-            "methods": {m: _numbers(summary[m], summary["plain"]) for m in methods},
+            "methods": {m: _numbers(summary[m], summary["plain"], log) for m in methods},
             "gamma_sweep": sweep,
         }
         Path(opt.json_out).write_text(json.dumps(data, indent=2))
@@ -364,17 +422,22 @@ def _compare(s: MethodSummary, models: Any, prompt: list[int], ref: list[int] | 
         s.divergences.append(_margin_at_divergence(models, prompt, ref, r.tokens))
 
 
-def _numbers(s: MethodSummary, plain: MethodSummary) -> dict[str, Any]:
+def _numbers(s: MethodSummary, plain: MethodSummary, log: CallLog) -> dict[str, Any]:
     runs = s.runs
     tokens = sum(len(r.tokens) for r in runs)
     passes = sum(r.passes for r in runs)
     drafted = sum(r.drafted for r in runs)
     accepted = sum(r.accepted for r in runs)
-    plain_passes = sum(r.passes for r in plain.runs)
     plain_decode = sum(r.decode_ms for r in plain.runs)
-    target_step_ms = plain_decode / plain_passes if plain_passes else 0.0
+    target_step_ms = log.median_ms("target", "plain", 1) or 0.0
+    verify_ms = log.median_ms("target", s.name, 64) if passes else None  # incl. prefill calls: median
     draft_ms = sum(r.draft_ms for r in runs)
-    c = (draft_ms / drafted) / target_step_ms if drafted and target_step_ms else None
+    draft_step_ms = log.median_ms("draft", s.name, 2)
+    c: float | None = None
+    if draft_step_ms is not None and target_step_ms:
+        c = draft_step_ms / target_step_ms  # one draft-model step vs one plain target step
+    elif drafted and passes and target_step_ms:
+        c = (draft_ms / passes) / target_step_ms  # lookup: drafting time per pass
     total = sum(r.ms for r in runs)
     plain_total = sum(r.ms for r in plain.runs)
     decode_ms = sum(r.decode_ms for r in runs)
@@ -393,6 +456,8 @@ def _numbers(s: MethodSummary, plain: MethodSummary) -> dict[str, Any]:
         "identical_rate": s.identical / s.compared if s.compared else None,
         "divergences": s.divergences,
         "target_step_ms": target_step_ms,
+        "draft_step_ms": draft_step_ms,
+        "median_target_call_ms": verify_ms,
     }
 
 
@@ -400,8 +465,8 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _table(summary: dict[str, MethodSummary], methods: list[str]) -> str:
-    nums = {m: _numbers(summary[m], summary["plain"]) for m in methods}
+def _table(summary: dict[str, MethodSummary], methods: list[str], log: CallLog) -> str:
+    nums = {m: _numbers(summary[m], summary["plain"], log) for m in methods}
     head = (
         f"{'method':12s} {'tok/pass':>8s} {'alpha':>6s} {'c':>6s} {'med ms':>8s} {'speedup':>8s} "
         f"{'decode x':>8s} {'prefill':>8s} {'draft%':>6s} {'identical':>9s}"
@@ -417,8 +482,10 @@ def _table(summary: dict[str, MethodSummary], methods: list[str]) -> str:
             f"{100 * (n['identical_rate'] or 0.0):8.0f}%"
         )
     lines.append(
-        f"target step (plain, 1 token): {nums['plain']['target_step_ms']:.2f} ms; c = drafting ms per drafted "
-        "token / target step; speedup = total wall time of plain / method (prefill included)"
+        f"target step (plain, 1 token): {nums['plain']['target_step_ms']:.2f} ms (median); draft step "
+        f"{_fmt(nums['hybrid']['draft_step_ms'], '.2f')} ms; c = draft-model step / target step (lookup: "
+        "drafting ms per pass / target step); speedup = total wall time of plain / method (prefill "
+        "included); decode x = the same without prefill; draft% = drafting share of decode time"
     )
     hybrid_total = nums["hybrid"]["total_ms"]
     for m in methods:
