@@ -129,7 +129,7 @@ class ShapePreset:
 
 
 SHAPES: dict[str, ShapePreset] = {
-    "full": ShapePreset(QWEN25_CODER_1_5B, QWEN25_CODER_0_5B, (512, 2048), (1, 2, 4, 8, 16), 256, 3, 10),
+    "full": ShapePreset(QWEN25_CODER_1_5B, QWEN25_CODER_0_5B, (512, 2048), (1, 2, 4, 8, 16), 128, 3, 10),
     "small": ShapePreset(SMALL_TARGET, SMALL_DRAFT, (64, 256), (1, 2, 4, 8, 16), 128, 2, 5),
 }
 
@@ -159,6 +159,7 @@ class GpuBenchSettings:
     prompt_tokens: int = 0  # 0 = the smallest past length
     seed: int = 0
     verify_export: bool = False
+    ort_fusions: str | None = None  # export's ORT fusion mode (None = the export's default)
     reuse: bool = False  # reuse checkpoints/exports in work_dir from an earlier run (same shape/seed/dtype)
     work_dir: Path | None = None  # where checkpoints and exports go (None = a temp dir, removed)
     out_dir: Path | None = None
@@ -693,6 +694,7 @@ class GpuBenchReport:
     greedy_matches: bool = True
     phases_s: dict[str, float] = field(default_factory=dict)
     host: str = ""
+    exports: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> export.json facts (ort)
 
     def verify_curve(self) -> dict[int, dict[int, float]]:
         """L -> N -> T(N)/T(1)."""
@@ -719,6 +721,17 @@ def render_markdown(r: GpuBenchReport) -> str:
         f"- shapes ({r.shape}): target {r.target['describe']}; draft {r.draft['describe']}",
         f"- timing: median of {r.repeats} after {r.warmup} warm-up calls; cache truncated back to L each call",
         f"- host: {r.host}",
+        *(
+            [
+                "- exports: "
+                + "; ".join(
+                    f"{role} ort_fusions={e.get('ort_fusions')} ({e.get('export_s')} s)"
+                    for role, e in r.exports.items()
+                )
+            ]
+            if r.exports
+            else []
+        ),
         "- phases (s): " + ", ".join(f"{k} {v:.1f}" for k, v in r.phases_s.items()),
         "",
         "## Target ms per pass, T(N) (and T(N)/T(1))",
@@ -843,6 +856,30 @@ def _validate(settings: GpuBenchSettings) -> None:
 STAMP = "bench-build.json"
 
 
+def _export_options(settings: GpuBenchSettings, dtype: str) -> Any:
+    from specls.models.export import ExportOptions
+
+    options = ExportOptions(dtype=dtype, verify=settings.verify_export)
+    if settings.ort_fusions is not None:
+        if "ort_fusions" not in getattr(ExportOptions, "__dataclass_fields__", {}):
+            raise BenchError("--ort-fusions: this export has no ort_fusions option")
+        options = replace(options, ort_fusions=settings.ort_fusions)
+    return options
+
+
+def export_facts(onnx_dir: Path) -> dict[str, Any]:
+    """What the export recorded (export.json): time, fused graph or not, options."""
+    from specls.models.export import read_report
+
+    rep = read_report(onnx_dir)
+    opts = rep.get("options") if isinstance(rep.get("options"), dict) else {}
+    return {
+        "export_s": rep.get("export_s"),
+        "ort_fusions": rep.get("ort_fusions", "none"),
+        "dtype": opts.get("dtype") if isinstance(opts, dict) else None,
+    }
+
+
 def _stamp(shape: ModelShape, seed: int, dtype: str | None) -> dict[str, Any]:
     return {"shape": asdict(shape), "seed": seed, "dtype": dtype}
 
@@ -874,10 +911,10 @@ def _load_pair(
                     build_checkpoint(shape, ckpt, seed)
                     (ckpt / STAMP).write_text(json.dumps(_stamp(shape, seed, None)))
             if settings.backend == "ort":
-                from specls.models.export import ExportOptions, export_model
+                from specls.models.export import export_model
 
                 with _phase(phases, f"export_{role}"):
-                    export_model(str(ckpt), onnx, ExportOptions(dtype=dtype, verify=settings.verify_export))
+                    export_model(str(ckpt), onnx, _export_options(settings, dtype))
                     (onnx / STAMP).write_text(json.dumps(onnx_stamp))
         else:
             log.info("reusing %s", onnx)
@@ -936,6 +973,8 @@ def run_bench(settings: GpuBenchSettings, progress: Callable[[str], None] | None
             phases_s=phases,
             host=f"{platform.node()} {platform.machine()} python {platform.python_version()}",
         )
+        if settings.backend == "ort":
+            report.exports = {role: export_facts(work / f"{role}-onnx") for role in ("target", "draft")}
         with _phase(phases, "passes"):
             for L in settings.past_lengths:
                 report.target_ms[L] = time_passes(
@@ -1145,6 +1184,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="keep checkpoints/exports here (default: temp)")
     p.add_argument(
+        "--ort-fusions",
+        choices=("auto", "cpu", "cuda", "none"),
+        default=None,
+        help="export with ONNX Runtime fusions (default: the export's own default)",
+    )
+    p.add_argument(
         "--reuse", action="store_true", help="reuse checkpoints/exports already in --work (same shape)"
     )
     p.add_argument(
@@ -1200,6 +1245,7 @@ def settings_from_args(args: argparse.Namespace) -> GpuBenchSettings:
         seed=args.seed,
         verify_export=args.verify_export,
         reuse=args.reuse,
+        ort_fusions=args.ort_fusions,
         work_dir=args.work,
         out_dir=args.out,
     )

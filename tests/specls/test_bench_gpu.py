@@ -295,6 +295,8 @@ def test_end_to_end_torch_then_ort_reusing_the_checkpoints(tmp_path: Path) -> No
     report = gpu.run_bench(settings)
     assert report.backend == "ort" and report.provider == "cpu" and report.dtype == "fp32"
     assert "build_target" not in report.phases_s and "export_target" in report.phases_s  # reused
+    assert set(report.exports) == {"target", "draft"} and report.exports["target"]["dtype"] == "fp32"
+    assert "- exports: target ort_fusions=" in gpu.render_markdown(report)
     assert (work / "target-onnx" / "model.onnx").is_file()
     assert (work / "draft-onnx" / "specls.json").is_file()
     _check_report(report, settings)
