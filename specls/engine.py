@@ -214,13 +214,18 @@ class CompletionReuseDrafter:
 
 
 class _ReuseFirst:
-    """Completion reuse first, then the regular drafter (whose proposals are clipped to ``inner_k``)."""
+    """Completion reuse first, then the regular drafter. The loop's gamma is sized for the reuse
+    proposal, so the regular drafter's length adapts here instead (the same rule as the loop's:
+    +1 after a fully accepted proposal, -1 when less than half was accepted)."""
 
-    def __init__(self, reuse: CompletionReuseDrafter, inner: Drafter | None, inner_k: int) -> None:
+    def __init__(
+        self, reuse: CompletionReuseDrafter, inner: Drafter | None, gamma: int, gamma_max: int
+    ) -> None:
         self.name = REUSE if inner is None else f"{REUSE}+{inner.name}"
         self._reuse = reuse
         self._inner = inner
-        self._inner_k = inner_k
+        self._inner_k = max(1, gamma)
+        self._inner_max = max(1, gamma_max)
         self._from_reuse = False
         self._n = 0
 
@@ -242,6 +247,10 @@ class _ReuseFirst:
             self._reuse.observe(n_accepted)
         elif self._inner is not None:
             self._inner.observe(n_accepted)
+            if self._n and n_accepted >= self._n:
+                self._inner_k = min(self._inner_k + 1, self._inner_max)
+            elif 2 * n_accepted < self._n:
+                self._inner_k = max(self._inner_k - 1, 1)
 
     def proposal_probs(self) -> np.ndarray | None:
         if self._from_reuse or self._inner is None:
@@ -661,7 +670,7 @@ class OnnxEngine:
         reuse_drafter = self._reuse_drafter(models, state, request, prompt)
         drafter: Drafter | None = inner
         if reuse_drafter is not None:
-            drafter = _ReuseFirst(reuse_drafter, inner, s.gamma_max)
+            drafter = _ReuseFirst(reuse_drafter, inner, s.gamma, s.gamma_max)
         if drafter is None:
             return None, False
         return _TimedDrafter(drafter), reuse_drafter is not None

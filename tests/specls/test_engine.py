@@ -319,3 +319,17 @@ def test_stats_shape() -> None:
     ):
         assert key in s
     assert s["requests"] == 2 and s["cache_hits"] == 1
+
+
+def test_completion_reuse_then_regular_drafting_is_exact() -> None:
+    """The new request wants more than the old suggestion had: reuse first, then lookup/draft."""
+    models = fake_models(allow_eos=False)
+    engine = OnnxEngine(EngineSettings(), models)
+    pos = POINTS[0]
+    first = engine.complete(request(pos, max_tokens=12))
+    text = SOURCE[:pos] + first.text[:2] + SOURCE[pos:]
+    second = engine.complete(request(pos + 2, max_tokens=40, text=text))
+    assert second.completion_reuse
+    assert engine.last_tokens == reference(models, engine, 40)
+    assert second.per_drafter["reuse"].accepted == 10  # the rest of the old suggestion
+    assert set(second.per_drafter) - {"reuse"}  # then the regular drafters took over
