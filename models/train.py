@@ -75,6 +75,11 @@ class TrainOptions:
     # Wall-clock budget: the cosine follows max(step fraction, time fraction) and training stops when
     # either reaches 1 (not bit-for-bit reproducible; None = the token budget alone decides).
     time_budget_s: float | None = None
+    # Long-context phase: once the cosine is past ``1 - long_frac``, batches are rows of
+    # ``seq_len * long_factor`` tokens (consecutive packed rows joined; ``batch_size // long_factor``
+    # of them, same tokens per step) so positions up to the model's context are trained too.
+    long_factor: int = 2
+    long_frac: float = 0.25
     target: ModelShape = TARGET_SHAPE
     draft: ModelShape = DRAFT_SHAPE
     data: D.DataOptions = field(default_factory=D.DataOptions)
@@ -98,6 +103,7 @@ class TrainReport:
     first_target_loss: float
     first_draft_loss: float
     corpus_tokens: int
+    long_steps: int = 0  # steps run on long-context rows
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -305,15 +311,26 @@ def train(options: TrainOptions) -> TrainReport:
     tokens_per_step = options.batch_size * options.seq_len
     progress = _Progress(total, options.progress)
     t0 = time.perf_counter()
-    rows_t = torch.from_numpy(rows.astype(np.int64))
+    rows_t = torch.from_numpy(rows.astype(np.int64))  # [n_rows, seq_len]
+    factor = max(1, options.long_factor)
+    n_long = len(rows) // factor
+    long_rows_t = rows_t[: n_long * factor].reshape(n_long, options.seq_len * factor)
+    long_batch = max(1, options.batch_size // factor)
+    use_long = options.long_frac > 0 and factor > 1 and n_long >= 1
     end = total if options.stop_after is None else min(total, options.stop_after)
     out_of_time = False
+    long_steps = 0
     for step in range(start_step, end):
         frac = decay_fraction(
             step, total, options.warmup_steps, prior_wall + time.perf_counter() - t0, options.time_budget_s
         )
-        idx = torch.from_numpy(batch_indices(step, options.batch_size, len(rows), options.seed))
-        batch = rows_t[idx]  # [batch, seq_len]
+        if use_long and frac >= 1.0 - options.long_frac:
+            idx = torch.from_numpy(batch_indices(step, long_batch, n_long, options.seed))
+            batch = long_rows_t[idx]  # [batch / factor, seq_len * factor]
+            long_steps += 1
+        else:
+            idx = torch.from_numpy(batch_indices(step, options.batch_size, len(rows), options.seed))
+            batch = rows_t[idx]  # [batch, seq_len]
         losses = []
         for model, opt, peak in ((target, opt_t, options.lr), (draft, opt_d, options.draft_lr)):
             lr = lr_at(step, frac, peak, options.warmup_steps, options.min_lr_ratio)
@@ -328,7 +345,10 @@ def train(options: TrainOptions) -> TrainReport:
         history.append((losses[0], losses[1]))
         elapsed = time.perf_counter() - t0
         tps = (step + 1 - start_step) * tokens_per_step / max(elapsed, 1e-9)
-        progress.update(step + 1, f"loss T {losses[0]:.3f} D {losses[1]:.3f} {tps:,.0f} tok/s")
+        progress.update(
+            step + 1,
+            f"loss T {losses[0]:.3f} D {losses[1]:.3f} {tps:,.0f} tok/s len {batch.shape[1]} lr-frac {frac:.2f}",
+        )
         if options.time_budget_s is not None and prior_wall + elapsed >= options.time_budget_s:
             out_of_time = True
         if (step + 1) % options.save_every == 0 or step + 1 == end or out_of_time:
@@ -367,6 +387,7 @@ def train(options: TrainOptions) -> TrainReport:
         first_target_loss=history[0][0] if history else float("nan"),
         first_draft_loss=history[0][1] if history else float("nan"),
         corpus_tokens=int(rows.size),
+        long_steps=long_steps,
     )
     (options.out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     return report

@@ -107,7 +107,7 @@ def test_pack_rows() -> None:
 def _tiny_options(out: Path, corpus: Path, resume: bool = False, max_tokens: int = 6 * 2 * 64) -> Any:
     from specls.models.train import ModelShape, TrainOptions
 
-    shape = ModelShape(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_positions=64)
+    shape = ModelShape(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_positions=128)
     return TrainOptions(
         out_dir=out,
         corpus_root=corpus,
@@ -146,6 +146,7 @@ def test_tiny_training_lowers_loss_and_resumes_deterministically(tmp_path: Path)
     corpus = _tiny_corpus(tmp_path / "corpus")
     full = train(_tiny_options(tmp_path / "full", corpus))
     assert full.steps == 6
+    assert 0 < full.long_steps < 6  # the last steps ran on double-length rows
     assert full.target_loss < full.first_target_loss - 0.5
     assert full.draft_loss < full.first_draft_loss - 0.5
 
