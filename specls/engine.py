@@ -84,6 +84,9 @@ class EngineSettings:
     kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
     reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
     drafters: DrafterSettings = field(default_factory=DrafterSettings)
+    # re-indexing the buffer being completed from an edit this far from its end waits for the interval
+    reindex_max_chars: int = 16_000
+    reindex_interval_s: float = 5.0
 
 
 @dataclass
@@ -322,6 +325,20 @@ class _TextStop:
         return True
 
 
+def common_prefix_chars(a: str, b: str) -> int:
+    """Length of the common prefix of two strings (binary search over slice compares, done in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # invariant: a[:lo] == b[:lo], a[:hi+1] != b[:hi+1] (hi exclusive of a match)
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
@@ -346,6 +363,7 @@ class OnnxEngine:
         self._run_lock = threading.Lock()  # one complete() at a time
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
         self._pending: dict[str, str | None] = {}  # doc -> new text (None = closed) not yet indexed
+        self._indexed: dict[str, tuple[str, float]] = {}  # doc -> (indexed text, monotonic time)
         self._lru: OrderedDict[bytes, _LruEntry] = OrderedDict()
         self._counters = _Counters()
         self._latency_ms: deque[float] = deque(maxlen=2000)
@@ -446,21 +464,44 @@ class OnnxEngine:
             self._docs.pop(doc_id, None)  # frees its KV caches (a running request keeps its own ref)
 
     def flush(self) -> None:
-        """Index pending document updates now (``complete`` does it first anyway; a server may call
-        this when idle)."""
+        """Index every pending document update now (``complete`` defers big re-indexing of the buffer
+        being typed in; a server may call this when idle)."""
         with self._run_lock:
-            self._flush_pending()
+            self._flush_pending(None)
 
-    def _flush_pending(self) -> None:
+    def _flush_pending(self, hot_doc: str | None) -> None:
+        """Apply pending buffer texts to the n-gram index. The buffer being completed (``hot_doc``)
+        is re-indexed from its first changed position to its end, which for an edit in the middle of
+        a big file costs far more than a keystroke should: such an update waits until the buffer has
+        not been re-indexed for ``reindex_interval_s`` (its text near the cursor is in the prompt,
+        which the lookup drafter indexes on its own)."""
         with self._lock:
             pending, self._pending = self._pending, {}
         if self._index is None or self._encoder is None:
             return
+        now = time.monotonic()
+        deferred: dict[str, str] = {}
         for doc_id, text in pending.items():
             if text is None:
                 self._index.remove(doc_id)
-            else:
-                self._index.update(doc_id, self._encoder.encode(text))
+                self._indexed.pop(doc_id, None)
+                continue
+            old = self._indexed.get(doc_id)
+            if doc_id == hot_doc and old is not None:
+                old_text, when = old
+                changed_tail = len(text) - common_prefix_chars(old_text, text)
+                if (
+                    changed_tail > self.settings.reindex_max_chars
+                    and now - when < self.settings.reindex_interval_s
+                ):
+                    deferred[doc_id] = text
+                    continue
+            self._index.update(doc_id, self._encoder.encode(text))
+            self._indexed[doc_id] = (text, now)
+        if deferred:
+            with self._lock:
+                for doc_id, text in deferred.items():
+                    self._pending.setdefault(doc_id, text)  # a newer text may have arrived meanwhile
 
     def _doc(self, doc_id: str) -> _DocState:
         with self._lock:
@@ -506,7 +547,7 @@ class OnnxEngine:
             return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
         if cancelled():
             return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider=provider)
-        self._flush_pending()
+        self._flush_pending(request.doc_id)
         assert self._builder is not None
         prompt = self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
         max_new = min(request.max_tokens, models.max_positions - len(prompt.tokens))

@@ -333,3 +333,28 @@ def test_completion_reuse_then_regular_drafting_is_exact() -> None:
     assert engine.last_tokens == reference(models, engine, 40)
     assert second.per_drafter["reuse"].accepted == 10  # the rest of the old suggestion
     assert set(second.per_drafter) - {"reuse"}  # then the regular drafters took over
+
+
+def test_big_reindex_of_the_hot_buffer_waits() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(reindex_max_chars=50, reindex_interval_s=3600.0), models)
+    doc, other = "file:///w/a.py", "file:///w/b.py"
+    engine.update_document(doc, SOURCE)
+    engine.complete(request(POINTS[0], max_tokens=2, doc=doc))
+    index = engine._index
+    assert index is not None and index.tokens(doc) == models.tokenizer.encode(SOURCE)
+    edited = "# top\n" + SOURCE  # an edit far from the end: re-indexing would redo the whole buffer
+    engine.update_document(doc, edited)
+    engine.update_document(other, "x = 1\n")
+    engine.complete(request(POINTS[0], max_tokens=2, doc=doc))
+    assert index.tokens(doc) == models.tokenizer.encode(SOURCE)  # Not yet: deferred
+    assert index.tokens(other) == models.tokenizer.encode("x = 1\n")  # other buffers: at once
+    near_end = edited + "y = 2\n"  # measured against the last indexed text: still a big change
+    engine.update_document(doc, near_end)
+    engine.complete(request(POINTS[0], max_tokens=2, doc=doc))
+    assert index.tokens(doc) == models.tokenizer.encode(SOURCE)  # still far from the last indexed text
+    engine.flush()
+    assert index.tokens(doc) == models.tokenizer.encode(near_end)
+    engine.close_document(doc)
+    engine.flush()
+    assert doc not in index
