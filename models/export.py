@@ -54,6 +54,11 @@ class ExportOptions:
     trust_remote_code: bool = False
     fim_family: str | None = None  # None = detect from the tokenizer's vocab
     attn_implementation: str = "sdpa"  # what transformers traces ("sdpa" | "eager")
+    # ONNX Runtime op fusions through transformers' own exporter (GroupQueryAttention, RotaryEmbedding,
+    # SkipSimplifiedLayerNormalization; batch fixed to 1): "auto" = "cpu" for fp32, "cuda" for fp16;
+    # "none" = plain torch.onnx.export of our KV wrapper (any batch). A failed fusion export falls back
+    # to "none" with a warning.
+    ort_fusions: str = "auto"  # "auto" | "cpu" | "cuda" | "none"
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ def export_model(
     progress = progress or _noop
     if options.dtype not in ("fp32", "fp16"):
         raise ExportError(f"dtype must be fp32 or fp16, not {options.dtype!r}")
+    fusions = _fusions(options)
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
 
@@ -133,7 +139,20 @@ def export_model(
             trace_model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
         else:
             trace_model = model
-        _trace(trace_model, spec, tmp_onnx, options)
+        traced = False
+        if fusions is not None:
+            try:
+                _trace_fused(trace_model, spec, tmp_onnx, options, fusions)
+                traced = True
+            except Exception as exc:  # transformers' exporter is young: fall back to the plain graph
+                log.warning(
+                    "fused export (ort_fusions=%s) failed, exporting the plain graph: %s", fusions, exc
+                )
+                for f in Path(tmp).iterdir():
+                    f.unlink()
+        if not traced:
+            fusions = None
+            _trace(trace_model, spec, tmp_onnx, options)
         del trace_model
         progress("writing files", 0.7)
         for f in out_dir.glob(f"{ONNX_FILE}*"):
@@ -145,6 +164,7 @@ def export_model(
 
     report: dict[str, Any] = {
         "source": source,
+        "ort_fusions": fusions or "none",
         "options": asdict(options),
         "export_s": round(time.perf_counter() - t0, 2),
     }
@@ -342,6 +362,84 @@ def _trace(model: Any, spec: ModelSpec, onnx_path: Path, options: ExportOptions)
     program.save(str(onnx_path), external_data=_needs_external_data(program))
 
 
+def _fusions(options: ExportOptions) -> str | None:
+    if options.ort_fusions not in ("auto", "cpu", "cuda", "none"):
+        raise ExportError(f"ort_fusions must be auto, cpu, cuda or none, not {options.ort_fusions!r}")
+    if options.ort_fusions == "none":
+        return None
+    if options.ort_fusions == "auto":
+        return "cuda" if options.dtype == "fp16" else "cpu"
+    return options.ort_fusions
+
+
+def _trace_fused(model: Any, spec: ModelSpec, onnx_path: Path, options: ExportOptions, fusions: str) -> None:
+    """transformers' ONNX exporter with ONNX Runtime fusions, on a batch-1 sample with a past (GQA fuses
+    multi-token steps after a past only for batch 1). Its I/O is renamed to the spec's names."""
+    import onnx_ir as ir
+    import torch
+    from transformers import DynamicCache
+    from transformers.exporters.exporter_onnx import OnnxConfig, OnnxExporter
+
+    dtype = torch.float16 if options.dtype == "fp16" else torch.float32
+    new, past = 3, 7
+    kv = [
+        (
+            torch.randn(1, spec.num_kv_heads, past, spec.head_dim, dtype=dtype),
+            torch.randn(1, spec.num_kv_heads, past, spec.head_dim, dtype=dtype),
+        )
+        for _ in range(spec.num_layers)
+    ]
+    sample: dict[str, Any] = {
+        "input_ids": torch.randint(0, spec.vocab_size, (1, new), dtype=torch.int64),
+        "attention_mask": torch.ones((1, past + new), dtype=torch.int64),
+        "position_ids": torch.arange(past, past + new, dtype=torch.int64)[None, :],
+        "past_key_values": DynamicCache(ddp_cache_data=kv, config=model.config),
+        "use_cache": True,
+    }
+    fuse: Any = fusions  # one of "cpu" | "cuda" (checked by _fusions)
+    config = OnnxConfig(dynamic=True, ort_fusions=fuse, opset_version=max(options.opset, 18))
+    exported = OnnxExporter().export(model, sample, config=config)
+    program = exported.program
+    g = program.graph
+    ins, outs = list(g.inputs), list(g.outputs)
+    want_in, want_out = list(spec.graph_inputs), list(spec.graph_outputs)
+    if len(ins) != len(want_in) or len(outs) != len(want_out):
+        raise ExportError(
+            f"fused graph has inputs {[v.name for v in ins]} and outputs {[v.name for v in outs]}, "
+            f"expected {len(want_in)} inputs and {len(want_out)} outputs"
+        )
+    # transformers names them input_ids, attention_mask, position_ids, past_key_values.layers.{i}.keys/values
+    # -> logits, cache.layers.{i}.keys/values: same order as ours; check the layer indices before renaming.
+    for values, wanted in ((ins, want_in), (outs, want_out)):
+        for v, name in zip(values, wanted, strict=True):
+            if v.name != name and _layer_key(v.name) != _layer_key(name):
+                raise ExportError(f"fused graph I/O {v.name!r} does not line up with {name!r}")
+            v.name = name
+    _name_dims(program, spec)
+    ir.save(
+        program,
+        str(onnx_path),
+        external_data=f"{onnx_path.name}.data" if _ir_bytes(program) > 1_800_000_000 else None,
+    )
+
+
+def _layer_key(name: str) -> tuple[str, ...]:
+    """("3", "key") for past_key_values.layers.3.keys / present.3.key / ...; (name,) otherwise."""
+    import re
+
+    m = re.search(r"\.(\d+)\.(key|value)s?$", name)
+    return (m.group(1), m.group(2)) if m else (name,)
+
+
+def _ir_bytes(model: Any) -> int:
+    total = 0
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None:
+            total += tensor.nbytes
+    return total
+
+
 def _needs_external_data(program: Any) -> bool:
     total = 0
     for value in program.model.graph.initializers.values():
@@ -358,7 +456,11 @@ def _name_dims(model: Any, spec: ModelSpec) -> None:
     def rename(value: Any, names: dict[int, str]) -> None:
         if value.shape is None:
             return
-        dims = list(value.shape)
+        # transformers' exporter names some fixed sizes as symbols ("2"): make them plain ints
+        dims: list[Any] = [
+            int(d.value) if isinstance(getattr(d, "value", None), str) and d.value.isdigit() else d
+            for d in value.shape
+        ]
         for axis, name in names.items():
             if axis < len(dims) and not isinstance(dims[axis], int):
                 dims[axis] = ir.SymbolicDim(name)

@@ -251,6 +251,12 @@ class GraphIO:
     shape: tuple[int | str | None, ...]
 
 
+def _int_dims(io: GraphIO) -> GraphIO:
+    """Fixed sizes some exporters write as symbols ("8") read as ints."""
+    shape = tuple(int(d) if isinstance(d, str) and d.isdigit() else d for d in io.shape)
+    return GraphIO(io.name, io.type, shape)
+
+
 _ORT_TYPES = {"fp32": "tensor(float)", "fp16": "tensor(float16)"}
 
 
@@ -258,6 +264,8 @@ def check_graph_io(
     spec: ModelSpec, onnx_path: Path, inputs: Sequence[GraphIO], outputs: Sequence[GraphIO]
 ) -> None:
     """Check the graph's inputs/outputs (as reported by an ORT session) against the spec."""
+    inputs = [_int_dims(i) for i in inputs]
+    outputs = [_int_dims(o) for o in outputs]
     in_by_name = {i.name: i for i in inputs}
     out_by_name = {o.name: o for o in outputs}
     missing_in = [n for n in spec.graph_inputs if n not in in_by_name]

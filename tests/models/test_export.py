@@ -27,30 +27,96 @@ def test_export_writes_verified_dir(exported: dict[str, Path], arch: str) -> Non
     assert all(0 <= v < 1e-4 for v in diffs.values()), diffs
 
 
-def test_export_graph_io(exported: dict[str, Path]) -> None:
-    import onnxruntime as ort
-
-    d = exported["llama"]
-    sess = ort.InferenceSession(str(d / "model.onnx"), providers=["CPUExecutionProvider"])
-    ins = {i.name: i.shape for i in sess.get_inputs()}
-    outs = {o.name: o.shape for o in sess.get_outputs()}
-    assert ins["input_ids"] == ["batch", "new"]
-    assert ins["attention_mask"] == ["batch", "total"]
-    assert ins["position_ids"] == ["batch", "new"]
-    assert ins["past_key_values.1.value"] == ["batch", 2, "past", 8]
-    assert outs["logits"] == ["batch", "new", 300]
-    assert outs["present.0.key"][1:] == [2, "past_plus_new", 8]
-    # dynamic batch and past: batch 3, past 4, new 2
+def _feed(batch: int, past: int, new: int, dtype: type = np.float32) -> dict[str, np.ndarray]:
     feed = {
-        "input_ids": np.zeros((3, 2), np.int64),
-        "attention_mask": np.ones((3, 6), np.int64),
-        "position_ids": np.tile(np.arange(4, 6), (3, 1)),
+        "input_ids": np.zeros((batch, new), np.int64),
+        "attention_mask": np.ones((batch, past + new), np.int64),
+        "position_ids": np.tile(np.arange(past, past + new), (batch, 1)),
     }
     for i in range(2):
         for kv in ("key", "value"):
-            feed[f"past_key_values.{i}.{kv}"] = np.zeros((3, 2, 4, 8), np.float32)
-    res = sess.run(None, feed)
+            feed[f"past_key_values.{i}.{kv}"] = np.zeros((batch, 2, past, 8), dtype)
+    return feed
+
+
+def _session(d: Path):  # -> onnxruntime.InferenceSession
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(str(d / "model.onnx"), so, providers=["CPUExecutionProvider"])
+
+
+def _op_types(d: Path) -> set[str]:
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(d / "model.onnx"), load_external_data=False).graph.node}
+
+
+def test_export_graph_io_fused(exported: dict[str, Path]) -> None:
+    d = exported["llama"]
+    assert read_report(d)["ort_fusions"] == "cpu"
+    assert "GroupQueryAttention" in _op_types(d)
+    sess = _session(d)
+    ins = {i.name: i.shape for i in sess.get_inputs()}
+    outs = {o.name: o.shape for o in sess.get_outputs()}
+    # the fused graph is batch 1 (GroupQueryAttention takes several new tokens after a past only then)
+    assert ins["input_ids"] == [1, "new"]
+    assert ins["attention_mask"] == [1, "total"]
+    assert ins["position_ids"] == [1, "new"]
+    assert ins["past_key_values.1.value"] == [1, 2, "past", 8]
+    assert outs["logits"] == [1, "new", 300]
+    assert outs["present.0.key"] == [1, 2, "past_plus_new", 8]
+    res = sess.run(None, _feed(1, 4, 2))
+    assert res[0].shape == (1, 2, 300) and res[1].shape == (1, 2, 6, 8)
+
+
+@pytest.fixture(scope="module")
+def plain_and_fp16(
+    tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("variants")
+    src = str(tiny_checkpoints["llama"])
+    return {
+        "plain": export_model(src, root / "plain", ExportOptions(ort_fusions="none", tolerance=1e-4)),
+        "fp16": export_model(src, root / "fp16", ExportOptions(dtype="fp16")),
+    }
+
+
+def test_export_plain_graph_any_batch(plain_and_fp16: dict[str, Path]) -> None:
+    d = plain_and_fp16["plain"]
+    report = read_report(d)
+    assert report["ort_fusions"] == "none"
+    assert all(v < 1e-4 for v in report["verify"]["max_abs_diff"].values())
+    assert "GroupQueryAttention" not in _op_types(d)
+    sess = _session(d)
+    ins = {i.name: i.shape for i in sess.get_inputs()}
+    assert ins["input_ids"] == ["batch", "new"] and ins["attention_mask"] == ["batch", "total"]
+    assert ins["past_key_values.0.key"] == ["batch", 2, "past", 8]
+    res = sess.run(None, _feed(3, 4, 2))  # dynamic batch and past
     assert res[0].shape == (3, 2, 300) and res[1].shape == (3, 2, 6, 8)
+
+
+def test_export_fp16(plain_and_fp16: dict[str, Path], exported: dict[str, Path]) -> None:
+    from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+
+    d = plain_and_fp16["fp16"]
+    spec = load_spec(d)
+    assert spec.dtype == "fp16"
+    report = read_report(d)
+    assert report["ort_fusions"] == "cuda"  # fp16 graphs are fused for the CUDA provider
+    assert report["verify"]["tolerance"] == ExportOptions().fp16_tolerance
+    assert all(v <= report["verify"]["tolerance"] for v in report["verify"]["max_abs_diff"].values())
+    cpu = RuntimeSettings(provider="cpu")
+    lm16, lm32 = OnnxCausalLM(d, cpu), OnnxCausalLM(exported["llama"], cpu)
+    assert lm16.session.get_inputs()[3].type == "tensor(float16)"
+    ids = [5, 17, 42, 99, 3, 250, 7, 7, 120, 64, 11, 290, 33, 8, 150, 201]
+    c16, c32 = lm16.new_cache(), lm32.new_cache()
+    a = np.concatenate([c16.forward(ids[:10]), c16.forward(ids[10:15]), c16.forward(ids[15:])])
+    b = np.concatenate([c32.forward(ids[:10]), c32.forward(ids[10:15]), c32.forward(ids[15:])])
+    assert a.dtype == np.float32 and np.isfinite(a).all()
+    assert np.abs(a - b).max() < 0.1
+    assert np.mean(a.argmax(-1) == b.argmax(-1)) >= 0.9
 
 
 def test_export_bad_sources(tmp_path: Path, tiny_checkpoints: dict[str, Path]) -> None:
@@ -65,5 +131,7 @@ def test_export_bad_sources(tmp_path: Path, tiny_checkpoints: dict[str, Path]) -
         export_model(str(empty), tmp_path / "o", ExportOptions())
     with pytest.raises(ExportError, match="dtype"):
         export_model(str(tiny_checkpoints["llama"]), tmp_path / "o", ExportOptions(dtype="int3"))
+    with pytest.raises(ExportError, match="ort_fusions"):
+        export_model(str(tiny_checkpoints["llama"]), tmp_path / "o", ExportOptions(ort_fusions="tpu"))
     with pytest.raises(ExportError, match="FIM family"):
         export_model(str(tiny_checkpoints["llama"]), tmp_path / "o", ExportOptions(fim_family="nope"))
