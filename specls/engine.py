@@ -85,6 +85,7 @@ class EngineSettings:
     reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
     drafters: DrafterSettings = field(default_factory=DrafterSettings)
     # re-indexing the buffer being completed from an edit this far from its end waits for the interval
+    overlap_draft_prefill: bool = True  # feed the prompt to the draft model while the target prefills
     reindex_max_chars: int = 16_000
     reindex_interval_s: float = 5.0
 
@@ -269,19 +270,30 @@ class _ReuseFirst:
 
 
 class _TimedDrafter:
-    """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else."""
+    """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else. When a
+    draft-model warm-up runs in the background (``prefetch``), the first use waits for it."""
 
     def __init__(self, inner: Drafter) -> None:
         self._inner = inner
         self.name = inner.name
         self.ms = 0.0
+        self.prefetch: threading.Thread | None = None
+
+    def join(self) -> None:
+        if self.prefetch is not None:
+            t0 = time.perf_counter()
+            self.prefetch.join()
+            self.prefetch = None
+            self.ms += (time.perf_counter() - t0) * 1e3
 
     def begin(self, settings: DecodeSettings) -> None:
+        self.join()
         begin = getattr(self._inner, "begin", None)
         if begin is not None:
             begin(settings)
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
+        self.join()
         t0 = time.perf_counter()
         try:
             return self._inner.propose(context, k)
@@ -594,6 +606,8 @@ class OnnxEngine:
             drafter, reuse = None, False
         stop = _TextStop(models.tokenizer, request.stop) if request.stop is not None else None
 
+        if isinstance(drafter, _TimedDrafter) and state.draft_drafter is not None and s.use_draft:
+            drafter.prefetch = self._warm_draft(state.draft_drafter, prompt.tokens)
         try:
             out = self._generate(models, cache, prompt.tokens, drafter, settings, cancelled, stop)
         except Exception as exc:
@@ -602,6 +616,9 @@ class OnnxEngine:
             if isinstance(exc, EngineError):
                 raise
             raise EngineError(f"generation failed: {exc}") from exc
+        finally:
+            if isinstance(drafter, _TimedDrafter):
+                drafter.join()  # never leave the warm-up running into the next request
         full = [*prompt.tokens, *out.tokens]
         self.last_prompt, self.last_tokens = list(prompt.tokens), list(out.tokens)
         state.tokens = full[: cache.length]
@@ -665,6 +682,24 @@ class OnnxEngine:
         from specls.decoder.loop import generate
 
         return generate(cache, prompt, drafter, settings, models.eos_ids, cancelled, stop)
+
+    def _warm_draft(self, drafter: DraftModelDrafter, prompt: list[int]) -> threading.Thread | None:
+        """Feed the prompt to the draft model in a background thread while the target prefills (ORT
+        releases the GIL): a cold draft cache costs a prefill of its own otherwise. Only when many
+        tokens are missing; the drafter syncs by common prefix on its first real proposal."""
+        if not self.settings.overlap_draft_prefill or len(prompt) - drafter.cached_tokens < 32:
+            return None
+
+        def warm() -> None:
+            try:
+                drafter.propose(prompt, 1)
+            except Exception:  # the real proposal will retry; a broken draft model shows up there
+                logger.exception("draft model warm-up failed")
+                drafter.reset()
+
+        thread = threading.Thread(target=warm, name="specls-draft-warmup", daemon=True)
+        thread.start()
+        return thread
 
     def _decode_settings(self, max_new: int, reuse: bool, cap: int | None) -> DecodeSettings:
         s = self.settings
