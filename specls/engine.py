@@ -84,8 +84,8 @@ class EngineSettings:
     kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
     reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
     drafters: DrafterSettings = field(default_factory=DrafterSettings)
-    # re-indexing the buffer being completed from an edit this far from its end waits for the interval
     overlap_draft_prefill: bool = True  # feed the prompt to the draft model while the target prefills
+    # re-indexing the buffer being completed from an edit this far from its end waits for the interval
     reindex_max_chars: int = 16_000
     reindex_interval_s: float = 5.0
 
