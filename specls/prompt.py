@@ -239,10 +239,12 @@ class PromptBuilder:
 
 
 def _display_path(uri: str) -> str:
-    for scheme in ("file://", "untitled:"):
-        if uri.startswith(scheme):
-            return uri[len(scheme) :]
-    return uri
+    """A short relative-looking path for a buffer (training data used paths like ``email/utils.py``)."""
+    from urllib.parse import unquote, urlsplit
+
+    path = unquote(urlsplit(uri).path) if "://" in uri else uri.split(":", 1)[-1]
+    parts = [p for p in path.replace("\\", "/").split("/") if p]
+    return "/".join(parts[-2:]) if parts else uri
 
 
 def visible_text(text: str) -> str:

@@ -72,7 +72,7 @@ def test_context_snippets_with_file_separator() -> None:
     docs = (("file:///w/other.py", "def helper():\n    return 1\n"), ("file:///w/me.py", "ignored\n"))
     p = b.build("x = ", "\n", docs, doc_id="file:///w/me.py")
     text = tok.decode(p.tokens)
-    assert text.startswith("<file_sep>/w/other.py\ndef helper():\n    return 1\n<fim_prefix>")
+    assert text.startswith("<file_sep>w/other.py\ndef helper():\n    return 1\n<fim_prefix>")
     assert "ignored" not in text  # the current document is not its own context
     assert p.context_docs_used == 1
 
@@ -83,6 +83,14 @@ def test_context_budget_respected() -> None:
     p = b.build("x", "", docs)
     n_context = p.tokens.index(b.fim.prefix_id)
     assert 0 < n_context <= 40
+
+
+def test_display_path() -> None:
+    from specls.prompt import _display_path
+
+    assert _display_path("file:///home/me/proj/pkg/mod%20x.py") == "pkg/mod x.py"
+    assert _display_path("untitled:Untitled-1") == "Untitled-1"
+    assert _display_path("file:///C:/src/a.py") == "src/a.py"
 
 
 def test_helpers() -> None:
