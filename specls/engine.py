@@ -472,8 +472,10 @@ class OnnxEngine:
 
     def close_document(self, doc_id: str) -> None:
         with self._lock:
-            self._pending[doc_id] = None
+            self._pending[doc_id] = None  # (removes it again after a flush that raced with this)
             self._docs.pop(doc_id, None)  # frees its KV caches (a running request keeps its own ref)
+        if self._index is not None:
+            self._index.remove(doc_id)  # the index has its own lock
 
     def flush(self) -> None:
         """Index every pending document update now (``complete`` defers big re-indexing of the buffer
@@ -837,6 +839,7 @@ class OnnxEngine:
                 "latency_ms_p50": _percentile(lat, 50),
                 "latency_ms_p95": _percentile(lat, 95),
                 "documents": len(self._docs),
+                "indexed_documents": len(self._index) if self._index is not None else 0,
                 "kv_tokens": kv_tokens,
                 "provider": self._models.provider if self._models is not None else None,
                 "ready": self._models is not None,

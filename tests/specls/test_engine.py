@@ -236,8 +236,10 @@ def test_close_document_frees_kv() -> None:
     engine.update_document("file:///w/a.py", SOURCE)
     engine.complete(request(POINTS[0]))
     assert engine.stats()["documents"] == 1 and int(engine.stats()["kv_tokens"]) > 0  # type: ignore[call-overload]
+    assert engine.stats()["indexed_documents"] == 1
     engine.close_document("file:///w/a.py")
-    assert engine.stats()["documents"] == 0 and engine.stats()["kv_tokens"] == 0
+    stats = engine.stats()
+    assert stats["documents"] == 0 and stats["kv_tokens"] == 0 and stats["indexed_documents"] == 0
 
 
 def test_kv_documents_bounded() -> None:
