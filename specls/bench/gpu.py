@@ -213,6 +213,16 @@ def predicted_speedup(curve: Mapping[int, float], c: float, alpha: float, gamma:
     return expected_tokens(alpha, gamma) * t1 / cost
 
 
+def predicted_speedup_with_overhead(
+    curve: Mapping[int, float], c: float, alpha: float, gamma: int, method: str, overhead_ms: float
+) -> float:
+    """The same with a fixed per-pass cost ``overhead_ms`` (the loop's own work: argmax, bookkeeping,
+    host<->device copies) added to both plain and speculative passes."""
+    t1 = curve[1]
+    cost = interp_cost(curve, gamma + 1) + (gamma * c * t1 if method == "draft" else 0.0)
+    return expected_tokens(alpha, gamma) * (t1 + overhead_ms) / (cost + overhead_ms)
+
+
 def best_gamma(
     curve: Mapping[int, float], c: float, alpha: float, method: str, gamma_max: int
 ) -> tuple[int, float]:
@@ -666,6 +676,8 @@ class LoopMeasurement:
     accepted: int
     realized_alpha: float | None
     predicted_at_realized: float | None  # the prediction at the acceptance rate this run drew
+    # ... and with the plain loop's measured per-pass overhead (greedy ms / tokens - T(1)) added
+    predicted_with_overhead: float | None
     matches_greedy: bool
 
 
@@ -692,6 +704,7 @@ class GpuBenchReport:
     predictions: list[Prediction] = field(default_factory=list)
     loop: list[LoopMeasurement] = field(default_factory=list)
     greedy_matches: bool = True
+    loop_overhead_ms: float | None = None  # plain greedy ms per token - T(1): the loop's own cost per pass
     phases_s: dict[str, float] = field(default_factory=dict)
     host: str = ""
     exports: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> export.json facts (ort)
@@ -774,18 +787,25 @@ def render_markdown(r: GpuBenchReport) -> str:
             "",
             "## Real decode loop vs prediction (forced acceptance, random-weight pair)",
             "",
+            "Each drafted token is the target's own greedy token with probability a, else a wrong id; the "
+            "draft-model rows also run the draft model for every drafted token. Speedups are plain "
+            "greedy decode ms / speculative decode ms (medians). Loop overhead per pass (plain greedy ms "
+            "per token - T(1)): "
+            + (f"{r.loop_overhead_ms:.3f} ms." if r.loop_overhead_ms is not None else "-"),
+            "",
             "| method | a | g | prompt | tokens | greedy ms | spec ms | measured | predicted | passes | "
-            "accepted/drafted | realized a | predicted at realized a | == greedy |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "accepted/drafted | realized a | predicted at realized a | + loop overhead | == greedy |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for m in r.loop:
             ra = f"{m.realized_alpha:.2f}" if m.realized_alpha is not None else "-"
             pr = f"{m.predicted_at_realized:.2f}x" if m.predicted_at_realized is not None else "-"
+            po = f"{m.predicted_with_overhead:.2f}x" if m.predicted_with_overhead is not None else "-"
             lines.append(
                 f"| {m.method} | {m.alpha:.2f} | {m.gamma} | {m.prompt_tokens} | {m.new_tokens} | "
                 f"{m.greedy_ms:.1f} | {m.spec_ms:.1f} | {m.measured_speedup:.2f}x | "
                 f"{m.predicted_speedup:.2f}x | {m.target_passes} | {m.accepted}/{m.drafted} | {ra} | "
-                f"{pr} | {'yes' if m.matches_greedy else 'NO'} |"
+                f"{pr} | {po} | {'yes' if m.matches_greedy else 'NO'} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -1046,6 +1066,8 @@ def _run_loop(
         if i > 0:
             greedy_times.append(ms)
     greedy_ms = statistics.median(greedy_times)
+    overhead = max(0.0, greedy_ms / n - curve[1])
+    report.loop_overhead_ms = overhead
     say(f"loop: plain greedy {n} tokens after a {prompt_len}-token prompt: {greedy_ms:.1f} ms")
     for method in METHODS:
         for a in settings.loop_alphas:
@@ -1088,6 +1110,11 @@ def _run_loop(
                 realized_alpha=realized,
                 predicted_at_realized=(
                     predicted_speedup(curve, c, realized, gamma, method) if realized is not None else None
+                ),
+                predicted_with_overhead=(
+                    predicted_speedup_with_overhead(curve, c, realized, gamma, method, overhead)
+                    if realized is not None
+                    else None
                 ),
                 matches_greedy=matches,
             )

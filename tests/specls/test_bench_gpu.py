@@ -91,6 +91,17 @@ def test_predicted_speedup_lookup_vs_draft() -> None:
     assert best < 1.0 + 1e-9 and g == 1
 
 
+def test_loop_overhead_moves_the_prediction_towards_tokens_per_pass() -> None:
+    # a fixed cost per pass is paid once per committed token by greedy but once per pass by speculation
+    curve = {1: 10.0, 2: 10.5, 4: 11.0, 8: 13.0, 16: 18.0}
+    plain = predicted_speedup(curve, 0.1, 0.8, 4, "draft")
+    assert gpu.predicted_speedup_with_overhead(curve, 0.1, 0.8, 4, "draft", 0.0) == pytest.approx(plain)
+    some = gpu.predicted_speedup_with_overhead(curve, 0.1, 0.8, 4, "draft", 5.0)
+    huge = gpu.predicted_speedup_with_overhead(curve, 0.1, 0.8, 4, "draft", 1e6)
+    assert plain < some < huge < expected_tokens(0.8, 4)
+    assert huge == pytest.approx(expected_tokens(0.8, 4), rel=1e-3)
+
+
 def test_best_gamma_grows_with_alpha_on_a_cheap_verify_curve() -> None:
     curve = {1: 10.0, 2: 10.2, 4: 10.6, 8: 11.5, 16: 14.0}
     g_low, s_low = best_gamma(curve, 0.0, 0.3, "lookup", 15)
@@ -245,8 +256,10 @@ def _check_report(report: gpu.GpuBenchReport, settings: GpuBenchSettings) -> Non
         assert p.tokens_per_pass == pytest.approx(expected_tokens(p.alpha, p.gamma))
     assert report.greedy_matches
     assert [(m.method, m.alpha) for m in report.loop] == [("lookup", 0.6), ("draft", 0.6)]
+    assert report.loop_overhead_ms is not None and report.loop_overhead_ms >= 0.0
     for m in report.loop:
         assert m.matches_greedy
+        assert m.realized_alpha is not None and m.predicted_with_overhead is not None
         assert m.new_tokens == 12 and m.target_passes >= 12 / (m.gamma + 1)
         assert 0 <= m.accepted <= m.drafted
     md = gpu.render_markdown(report)
