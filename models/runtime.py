@@ -115,7 +115,7 @@ class OnnxCausalLM:
             for n in kv
         ]
         self.output_names: list[str] = [self.spec.logits_name, *self.present_names]
-        self._slicer: _DeviceSlicer | None = None
+        self._slicers: dict[str, _KVSlicer] = {}
         log.info(
             "loaded %s (%s, %d layers, vocab %d, %s) on %s in %.0f ms",
             self.model_dir,
@@ -137,17 +137,17 @@ class OnnxCausalLM:
 
     def new_cache(self) -> OrtKVCache:
         if self.provider == "cuda":
-            return CudaKVCache(self)
+            return BoundKVCache(self, "cuda")
         return OrtKVCache(self)
 
     def warmup(self) -> None:
         """One tiny forward so the first real request does not pay ORT's lazy initialisation."""
         self.new_cache().forward([0, 0])
 
-    def slicer(self) -> _DeviceSlicer:
-        if self._slicer is None:
-            self._slicer = _DeviceSlicer(self)
-        return self._slicer
+    def slicer(self, device: str) -> _KVSlicer:
+        if device not in self._slicers:
+            self._slicers[device] = _KVSlicer(self, device)
+        return self._slicers[device]
 
 
 def _check_ids(ids: Sequence[int], vocab: int) -> np.ndarray:
@@ -211,23 +211,27 @@ class OrtKVCache:
         self._length = n
 
 
-class CudaKVCache(OrtKVCache):
-    """The CUDA variant: past KV as device OrtValues fed back through IOBinding.
+class BoundKVCache(OrtKVCache):
+    """KV kept as OrtValues on ``device`` and fed back through IOBinding (the CUDA cache; ``device="cpu"``
+    runs the same code on the CPU, which is how the tests exercise it without a GPU).
 
-    Per forward: bind ids/mask/positions (host -> device, a few bytes), bind each past OrtValue (no
-    copy), let ORT allocate the presents on the device, copy only the logits back. The presents become
-    the next past. ``truncate`` runs ``_DeviceSlicer`` (Slice on axis 2) on the device.
+    Per forward: bind ids/mask/positions from host arrays (a few bytes), bind each past OrtValue (no
+    copy), let ORT allocate the presents on the device, copy only the logits to the host. The presents
+    become the next past. ``truncate`` slices on the device (``_KVSlicer``), no host round trip.
     """
 
-    def __init__(self, lm: OnnxCausalLM) -> None:
+    def __init__(self, lm: OnnxCausalLM, device: str = "cuda") -> None:
         import onnxruntime as ort
 
         super().__init__(lm)
+        self._device = device
         spec = lm.spec
-        empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
+        shape = [1, spec.num_kv_heads, 0, spec.head_dim]
         self._dev: list[Any] = [
-            ort.OrtValue.ortvalue_from_numpy(empty, "cuda", 0) for _ in range(2 * spec.num_layers)
-        ]
+            ort.OrtValue.ortvalue_from_shape_and_type(shape, lm.kv_dtype, device, 0)
+            for _ in range(2 * spec.num_layers)
+        ]  # each [1, kv, length, hd] on the device
+        self._past = []  # unused: the host copies of the CPU cache
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         arr = _check_ids(ids, self._lm.spec.vocab_size)
@@ -241,9 +245,9 @@ class CudaKVCache(OrtKVCache):
             binding.bind_ortvalue_input(name, past)
         binding.bind_output(lm.spec.logits_name, "cpu")
         for name in lm.present_names:
-            binding.bind_output(name, "cuda", 0)
+            binding.bind_output(name, self._device, 0)
         lm.session.run_with_iobinding(binding)
-        outs = binding.get_outputs()  # [logits (cpu), present k0, v0, ... (cuda)]
+        outs = binding.get_outputs()  # [logits (host) [1, n, vocab], present k0, v0, ... (device)]
         self._dev = list(outs[1:])
         self._length += arr.size
         logits = outs[0].numpy()[0]  # [n, vocab]
@@ -256,22 +260,29 @@ class CudaKVCache(OrtKVCache):
             raise ValueError(f"cannot truncate to a negative length ({n})")
         if n >= self._length:
             return
-        self._dev = self._lm.slicer().slice(self._dev, n)
+        self._dev = self._lm.slicer(self._device).slice(self._dev, n)
         self._length = n
 
 
-class _DeviceSlicer:
-    """A one-node-per-tensor ONNX graph ``y_i = Slice(x_i, [0], [n], axes=[2])`` run on the device, so a
-    CUDA cache truncates without a host round trip. Built in memory with ``onnx`` (in the gpu extra)."""
+class _KVSlicer:
+    """``y_i = Slice(x_i, starts=[0], ends=[n], axes=[2])`` for every KV tensor in one ORT run on the
+    cache's device: a device-to-device copy of the kept prefix. The graph is built in memory with the
+    ``onnx`` package; without it, truncation falls back to a host round trip (correct, slower)."""
 
-    def __init__(self, lm: OnnxCausalLM) -> None:
-        import onnx
+    def __init__(self, lm: OnnxCausalLM, device: str) -> None:
         import onnxruntime as ort
-        from onnx import TensorProto, helper
 
-        count = 2 * lm.spec.num_layers
+        self._device = device
+        self._count = count = 2 * lm.spec.num_layers
+        self._dtype = lm.kv_dtype
+        self._session: Any = None
+        try:
+            from onnx import TensorProto, helper
+        except ImportError:
+            log.warning("the onnx package is missing: KV truncation on %s goes through the host", device)
+            return
         elem = TensorProto.FLOAT16 if lm.spec.dtype == "fp16" else TensorProto.FLOAT
-        shape: list[str | int | None] = ["b", lm.spec.num_kv_heads, "s", lm.spec.head_dim]
+        shape: list[str | int | None] = [1, lm.spec.num_kv_heads, "s", lm.spec.head_dim]
         inputs = [helper.make_tensor_value_info(f"x{i}", elem, shape) for i in range(count)]
         inputs.append(helper.make_tensor_value_info("end", TensorProto.INT64, [1]))
         outputs = [helper.make_tensor_value_info(f"y{i}", elem, None) for i in range(count)]
@@ -283,20 +294,27 @@ class _DeviceSlicer:
         graph = helper.make_graph(nodes, "kv_slice", inputs, outputs, initializer=inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
-        onnx.checker.check_model(model)
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
+        providers = ["CUDAExecutionProvider"] if device == "cuda" else []
         self._session = ort.InferenceSession(
-            model.SerializeToString(), so, providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+            model.SerializeToString(), so, providers=[*providers, "CPUExecutionProvider"]
         )
-        self._count = count
 
     def slice(self, values: list[Any], n: int) -> list[Any]:
+        """values: 2*layers x [1, kv, length, hd] OrtValues -> the same, [1, kv, n, hd]."""
+        if self._session is None:
+            import onnxruntime as ort
+
+            return [
+                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :n]), self._device, 0)
+                for v in values
+            ]
         binding = self._session.io_binding()
         for i, v in enumerate(values):
             binding.bind_ortvalue_input(f"x{i}", v)
         binding.bind_cpu_input("end", np.array([n], dtype=np.int64))
         for i in range(self._count):
-            binding.bind_output(f"y{i}", "cuda", 0)
+            binding.bind_output(f"y{i}", self._device, 0)
         self._session.run_with_iobinding(binding)
         return list(binding.get_outputs())

@@ -176,3 +176,42 @@ def test_cli_export(
     # a failing export is an exit code and a message, not a traceback
     rc = main(["export", str(tmp_path / "no" / "such" / "dir"), "--out", str(tmp_path / "x")])
     assert rc == 1 and "not a checkpoint directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host_fallback", [False, True])
+def test_iobinding_cache_matches_numpy_cache(lms: dict[str, OnnxCausalLM], host_fallback: bool) -> None:
+    """The CUDA cache's code (OrtValues + IOBinding + on-device Slice), run with device="cpu"."""
+    from specls.models.runtime import BoundKVCache, _KVSlicer
+
+    lm = lms["qwen2"]
+    if host_fallback:
+        slicer = _KVSlicer(lm, "cpu")
+        slicer._session = None  # as without the onnx package
+        lm._slicers["cpu"] = slicer
+    try:
+        bound, plain = BoundKVCache(lm, "cpu"), lm.new_cache()
+        assert type(plain).__name__ == "OrtKVCache"
+        for cache in (bound, plain):
+            assert cache.length == 0
+        steps: list[tuple[str, object]] = [
+            ("fwd", SEQ[:9]),
+            ("fwd", SEQ[9:14]),
+            ("trunc", 11),
+            ("fwd", [1, 2]),
+            ("fwd", [3]),
+            ("trunc", 0),
+            ("fwd", SEQ[:4]),
+        ]
+        for op, arg in steps:
+            if op == "trunc":
+                assert isinstance(arg, int)
+                bound.truncate(arg)
+                plain.truncate(arg)
+            else:
+                assert isinstance(arg, list)
+                a, b = bound.forward(arg), plain.forward(arg)
+                assert a.shape == (len(arg), 300) and np.array_equal(a, b)
+            assert bound.length == plain.length
+        assert bound.forward([]).shape == (0, 300)
+    finally:
+        lm._slicers.pop("cpu", None)
