@@ -274,19 +274,47 @@ def _is_rate(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= float(v) <= 1.0
 
 
+def _alphas_from_decode_bench(data: object) -> dict[str, tuple[float, ...]]:
+    """`specls bench decode --json`: ``methods.<lookup|draft>`` with ``tokens``, ``target_passes`` and
+    ``acceptance`` (accepted/drafted). Each pass commits its accepted drafts plus one token, so
+    accepted = tokens - passes and drafted = accepted / acceptance; a is the standard model inverted."""
+    methods = data.get("methods") if isinstance(data, dict) else None
+    if not isinstance(methods, dict):
+        return {}
+    out: dict[str, tuple[float, ...]] = {}
+    for m in METHODS:
+        row = methods.get(m)
+        if not isinstance(row, dict):
+            continue
+        tokens, passes, ratio = row.get("tokens"), row.get("target_passes"), row.get("acceptance")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (tokens, passes, ratio)):
+            continue
+        accepted = max(0.0, float(tokens) - float(passes))  # type: ignore[arg-type]
+        if float(ratio) <= 0.0 or accepted <= 0.0:  # type: ignore[arg-type]
+            out[m] = (0.0,)
+            continue
+        a = alpha_from_counts(accepted / float(ratio), accepted, float(passes))  # type: ignore[arg-type]
+        if a is not None:
+            out[m] = (a,)
+    return out
+
+
 def load_acceptance(path: Path) -> dict[str, tuple[float, ...]]:
     """Acceptance rates per method from a JSON file.
 
-    Accepted forms: ``{"lookup": 0.6, "draft": [0.7, 0.8]}`` (optionally under ``"alpha"``), or any
-    `specls bench decode --json` style result: objects holding ``drafted``/``accepted`` and
-    ``proposals`` counts (e.g. ``per_drafter`` stats) under keys naming the method ("lookup",
-    "draft"...); each such object gives one a (the standard model inverted). Raises BenchError when
-    the file holds no usable rate.
+    Accepted forms: `specls bench decode --json` output (``methods.lookup`` / ``methods.draft``);
+    ``{"lookup": 0.6, "draft": [0.7, 0.8]}`` (optionally under ``"alpha"``); or objects holding
+    ``drafted``/``accepted``/``proposals`` counts (e.g. ``per_drafter`` stats) under keys naming the
+    method ("lookup", "draft"...), each giving one a (the standard model inverted). Raises BenchError
+    when the file holds no usable rate.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BenchError(f"{path}: unreadable acceptance JSON ({exc})") from None
+    from_decode = _alphas_from_decode_bench(data)
+    if from_decode:
+        return from_decode
     found: dict[str, list[float]] = {m: [] for m in METHODS}
 
     def rates(value: object) -> list[float] | None:

@@ -140,6 +140,20 @@ def test_load_acceptance_plain_mapping_and_decode_bench_counts(tmp_path: Path) -
     )
     got = load_acceptance(counts)
     assert set(got) == {"lookup"} and got["lookup"][0] == pytest.approx(a, abs=1e-3)
+    # `specls bench decode --json`: methods.<name> with tokens, target_passes, acceptance = acc/drafted
+    passes, gamma = 200, 4
+    rows = {}
+    for name, alpha in (("lookup", 0.45), ("draft", 0.75)):
+        acc = (expected_tokens(alpha, gamma) - 1.0) * passes
+        rows[name] = {"tokens": acc + passes, "target_passes": passes, "acceptance": acc / (gamma * passes)}
+    rows["plain"] = {"tokens": 500, "target_passes": 500, "acceptance": None}
+    decode = tmp_path / "decode.json"
+    decode.write_text(json.dumps({"provider": "cpu", "methods": rows, "gamma_sweep": []}))
+    got = load_acceptance(decode)
+    assert set(got) == {"lookup", "draft"}
+    assert got["lookup"][0] == pytest.approx(0.45, abs=1e-3) and got["draft"][0] == pytest.approx(
+        0.75, abs=1e-3
+    )
     bad = tmp_path / "c.json"
     bad.write_text('{"nothing": 1}')
     with pytest.raises(BenchError, match="no acceptance rates"):
@@ -221,6 +235,16 @@ def test_bad_settings_are_clear_errors() -> None:
         gpu.run_bench(tiny_settings("torch", past_lengths=(8, 1000)))
     with pytest.raises(BenchError, match="too small"):
         gpu.write_tokenizer(Path("/nonexistent-never-written"), 100)
+
+
+def test_cli_acceptance_file_sets_the_rates(tmp_path: Path) -> None:
+    from specls.cli import build_parser
+
+    f = tmp_path / "acc.json"
+    f.write_text(json.dumps({"lookup": [0.4, 0.65]}))
+    s = gpu.settings_from_args(build_parser().parse_args(["bench", "gpu", "--acceptance", str(f)]))
+    assert s.alpha_map() == {"lookup": (0.4, 0.65), "draft": gpu.DEFAULT_ALPHAS["draft"]}
+    assert str(f) in s.alpha_source
 
 
 def test_cli_registers_and_parses_the_small_shape() -> None:
