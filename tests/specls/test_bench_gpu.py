@@ -142,7 +142,7 @@ def test_load_acceptance_plain_mapping_and_decode_bench_counts(tmp_path: Path) -
     assert set(got) == {"lookup"} and got["lookup"][0] == pytest.approx(a, abs=1e-3)
     # `specls bench decode --json`: methods.<name> with tokens, target_passes, acceptance = acc/drafted
     passes, gamma = 200, 4
-    rows = {}
+    rows: dict[str, dict[str, float | None]] = {}
     for name, alpha in (("lookup", 0.45), ("draft", 0.75)):
         acc = (expected_tokens(alpha, gamma) - 1.0) * passes
         rows[name] = {"tokens": acc + passes, "target_passes": passes, "acceptance": acc / (gamma * passes)}
