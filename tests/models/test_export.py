@@ -21,7 +21,9 @@ def test_export_writes_verified_dir(exported: dict[str, Path], arch: str) -> Non
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.vocab_size) == (2, 2, 8, 300)
     assert spec.fim == BUNDLED
     assert 3 in spec.eos_token_ids  # config eos
+    assert "GroupQueryAttention" in _op_types(d)  # the fused graph, not the fallback
     report = read_report(d)
+    assert report["ort_fusions"] == "cpu"
     diffs = report["verify"]["max_abs_diff"]
     assert set(diffs) == {"prefill_7", "n5_past7", "n1_past12"}
     assert all(0 <= v < 1e-4 for v in diffs.values()), diffs
