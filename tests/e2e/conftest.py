@@ -29,10 +29,8 @@ ARTIFACTS = REPO / "test-artifacts"
 GHOST_TIMEOUT_S = float(os.environ.get("SPECLS_E2E_GHOST_TIMEOUT", "150"))
 
 # A Python buffer whose continuation is unambiguous for a code model.
-PY_SOURCE = (
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
-)
-PY_TYPED = "    return fibonacci("
+PY_SOURCE = "def add(a, b):\n"
+PY_TYPED = "    return "
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,15 @@ local function run()
   sleep(200) -- let the accept finish (cursor move, 0.12's scheduled apply)
   result.after = table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), '\n')
   result.after_mode = vim.fn.mode()
+  -- the server's counters after the accept (the plugin sent specls/accepted before this request)
+  local stats
+  client:request('specls/stats', {}, function(err, res)
+    stats = err and { error = tostring(err.message or err) } or res
+  end, buf)
+  wait_until(10000, function()
+    return stats ~= nil
+  end)
+  result.stats = stats
   result.ok = true
   finish()
 end

@@ -5,7 +5,6 @@ exactly that text."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -86,18 +85,12 @@ def check_accept(result: dict[str, object], min_version: tuple[int, int], native
     assert result["after"] == "\n".join(expected_lines)
 
 
-def assert_accept_reported(specls_bin: Path, server: TcpServer) -> None:
-    """The shared server counted the accept (the plugin's `specls/accepted` notification)."""
-    proc = subprocess.run(
-        [str(specls_bin), "stats", "--tcp", f"{server.host}:{server.port}", "--timeout", "30"],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    stats = json.loads(proc.stdout)
-    assert stats["server"]["accepted"] >= 1, stats["server"]
+def assert_accept_reported(result: dict[str, object]) -> None:
+    """The server counted the suggestion and the accept (the plugin's `specls/accepted` notification)."""
+    stats = result.get("stats")
+    assert isinstance(stats, dict) and isinstance(stats.get("server"), dict), stats
     assert stats["server"]["answered"] >= 1, stats["server"]
+    assert stats["server"]["accepted"] >= 1, stats["server"]
 
 
 def test_nvim011_stdio(editors: Editors, specls_bin: Path, tmp_path: Path) -> None:
@@ -105,12 +98,13 @@ def test_nvim011_stdio(editors: Editors, specls_bin: Path, tmp_path: Path) -> No
         editors.nvim011, tmp_path, "nvim011-stdio", cmd=[str(specls_bin), "serve", "--threads", "1"]
     )
     check_accept(result, (0, 11), native=False)
+    assert_accept_reported(result)
 
 
-def test_nvim011_tcp(editors: Editors, specls_bin: Path, tcp_server: TcpServer, tmp_path: Path) -> None:
+def test_nvim011_tcp(editors: Editors, tcp_server: TcpServer, tmp_path: Path) -> None:
     result = run_nvim(editors.nvim011, tmp_path, "nvim011-tcp", tcp=f"{tcp_server.host}:{tcp_server.port}")
     check_accept(result, (0, 11), native=False)
-    assert_accept_reported(specls_bin, tcp_server)
+    assert_accept_reported(result)
 
 
 def test_nvim012_native_stdio(editors: Editors, specls_bin: Path, tmp_path: Path) -> None:
@@ -120,6 +114,7 @@ def test_nvim012_native_stdio(editors: Editors, specls_bin: Path, tmp_path: Path
         editors.nvim012, tmp_path, "nvim012-stdio", cmd=[str(specls_bin), "serve", "--threads", "1"]
     )
     check_accept(result, (0, 12), native=True)
+    assert_accept_reported(result)
 
 
 def test_nvim012_native_tcp(
@@ -129,4 +124,4 @@ def test_nvim012_native_tcp(
         pytest.skip(editors.nvim012_skip)
     result = run_nvim(editors.nvim012, tmp_path, "nvim012-tcp", tcp=f"{tcp_server.host}:{tcp_server.port}")
     check_accept(result, (0, 12), native=True)
-    assert_accept_reported(specls_bin, tcp_server)
+    assert_accept_reported(result)

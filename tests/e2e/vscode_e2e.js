@@ -37,6 +37,22 @@ function freePort() {
     });
 }
 
+function findFiles(dir, pattern) {
+    const out = [];
+    let entries = [];
+    try {
+        entries = fs.readdirSync(dir, { withFileTypes: true });
+    } catch {
+        return out;
+    }
+    for (const e of entries) {
+        const p = path.join(dir, e.name);
+        if (e.isDirectory()) out.push(...findFiles(p, pattern));
+        else if (pattern.test(e.name)) out.push(p);
+    }
+    return out;
+}
+
 async function main() {
     const runDir = env('E2E_RUN_DIR');
     const artifacts = env('E2E_ARTIFACTS');
@@ -84,6 +100,7 @@ async function main() {
     const settings = {
         'specls.serverPath': env('SPECLS_BIN'),
         'specls.maxTokens': 24,
+        'specls.trace.server': process.env.E2E_LOG_TRACE ? 'verbose' : 'off',
         'editor.inlineSuggest.enabled': true,
         // keep the other completion UIs out of the way of Tab
         'editor.quickSuggestions': { other: 'off', comments: 'off', strings: 'off' },
@@ -118,6 +135,7 @@ async function main() {
             '--auth', 'none',
             '--bind-addr', `127.0.0.1:${port}`,
             '--disable-telemetry',
+            ...(process.env.E2E_LOG_TRACE ? ['--log', 'trace'] : []),
             '--disable-update-check',
             '--disable-workspace-trust',
             '--disable-getting-started-override',
@@ -131,6 +149,7 @@ async function main() {
     server.stdout.pipe(serverLog);
     server.stderr.pipe(serverLog);
     let browser;
+    let page;
     try {
         // code-server is up when it answers HTTP.
         let up = false;
@@ -153,7 +172,7 @@ async function main() {
                 '--disable-background-networking', '--disable-component-update', '--disable-sync',
             ],
         });
-        const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+        page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
         page.on('pageerror', (e) => log(`page error: ${e.message}`));
         await page.goto(`http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}`);
         await page.locator('.monaco-workbench').waitFor({ timeout: 60000 });
@@ -170,10 +189,21 @@ async function main() {
         log('editor open');
 
         // Wait for the extension: its status bar item leaves the loading state (or at least exists).
+        // Wait for the extension: its status bar item shows plain "specls" (the ready icon) once the
+        // server answered initialize and loaded the model; "specls: ..." while starting or loading.
         const status = page.locator('.statusbar-item', { hasText: 'specls' }).first();
         await status.waitFor({ timeout: 60000 });
         result.status_initial = (await status.innerText()).trim();
         log(`status bar: ${result.status_initial}`);
+        const readyBy = Date.now() + timeout;
+        let statusText = result.status_initial;
+        while (statusText !== 'specls' && Date.now() < readyBy) {
+            await sleep(250);
+            statusText = (await status.innerText()).trim();
+        }
+        if (statusText !== 'specls') throw new Error(`the extension did not become ready: status "${statusText}"`);
+        result.ready_ms = Date.now() - t0;
+        log('status bar: ready');
 
         await page.keyboard.press('Control+End');
         await page.keyboard.type(typed, { delay: 40 });
@@ -187,7 +217,11 @@ async function main() {
                 await ghost.first().waitFor({ state: 'visible', timeout: 5000 });
                 shown = true;
             } catch {
-                log('no ghost text yet; Alt+\\ (trigger inline suggestion)');
+                // retype the last character (an edit triggers inline suggestions), then the explicit trigger
+                log('no ghost text yet; retyping the last character, then Alt+\\');
+                await page.keyboard.press('Backspace');
+                await page.keyboard.type(typed.slice(-1));
+                await sleep(1000);
                 await page.keyboard.press('Alt+Backslash');
             }
         }
@@ -221,6 +255,16 @@ async function main() {
         result.screenshot_accepted = shotAfter;
         log(`saved: ${JSON.stringify(after)}`);
         result.ok = true;
+    } catch (e) {
+        if (page) {
+            result.status_at_failure = await page
+                .locator('.statusbar-item', { hasText: 'specls' })
+                .first()
+                .innerText({ timeout: 2000 })
+                .catch(() => '');
+            await page.screenshot({ path: path.join(artifacts, 'vscode-failure.png') }).catch(() => {});
+        }
+        throw e;
     } finally {
         if (browser) await browser.close().catch(() => {});
         try {
@@ -230,6 +274,10 @@ async function main() {
         try {
             process.kill(-server.pid, 'SIGKILL');
         } catch {}
+        // the extension's log (output channel) and the extension host's (written out by now)
+        for (const f of findFiles(path.join(dirs['user-data'], 'logs'), /(specls|exthost)\.log$/)) {
+            fs.copyFileSync(f, path.join(artifacts, `vscode-${path.basename(f)}`));
+        }
     }
 }
 
