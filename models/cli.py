@@ -23,6 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own model code")
     p.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime vs torch check")
     p.add_argument("--tolerance", type=float, default=None, help="max abs logit diff allowed by verify")
+    p.add_argument(
+        "--ort-fusions",
+        choices=("auto", "cpu", "cuda", "none"),
+        default="auto",
+        help="fuse into ONNX Runtime ops for a provider (auto: cpu for fp32, cuda for fp16; none: plain graph)",
+    )
     p.add_argument("--fim-family", default=None, help="FIM template preset (default: detect from the vocab)")
     p.set_defaults(func=_export_cmd)
 
@@ -66,6 +72,7 @@ def _export_cmd(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         trust_remote_code=args.trust_remote_code,
         fim_family=args.fim_family,
+        ort_fusions=args.ort_fusions,
     )
     if args.tolerance is not None:
         field = "fp16_tolerance" if args.dtype == "fp16" else "tolerance"
@@ -83,5 +90,8 @@ def _export_cmd(args: argparse.Namespace) -> int:
         print(f"verify (ONNX Runtime vs torch, max abs logit diff, tolerance {verify.get('tolerance')}):")
         for key, value in diffs.items():
             print(f"  {key:10s} {value:.3g}  argmax agree {agree.get(key, float('nan')):.2f}")
-    print(f"exported {args.model} -> {out} ({args.dtype}, {report.get('export_s', '?')} s)")
+    print(
+        f"exported {args.model} -> {out} ({args.dtype}, ort fusions: {report.get('ort_fusions', 'none')}, "
+        f"{report.get('export_s', '?')} s)"
+    )
     return 0

@@ -7,8 +7,9 @@ CPU: past KV lives as numpy arrays; each forward feeds them and keeps the graph'
 (already past+new long) as the next past, so no concatenation happens on our side. ``truncate`` is a
 slice on the sequence axis.
 
-CUDA: past KV stays on the device as OrtValues bound through IOBinding; only ids/mask/positions go up
-and logits come down. ``truncate`` runs a tiny Slice graph on the device (no host round trip).
+CUDA (``BoundKVCache``): past KV stays on the device as OrtValues bound through IOBinding; only
+ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice graph on the device
+(``_KVSlicer``, no host round trip).
 """
 
 from __future__ import annotations
@@ -116,6 +117,12 @@ class OnnxCausalLM:
         ]
         self.output_names: list[str] = [self.spec.logits_name, *self.present_names]
         self._slicers: dict[str, _KVSlicer] = {}
+        if self.provider == "cuda" and self.spec.dtype == "fp32":
+            log.warning(
+                "%s is an fp32 graph on CUDA: ONNX Runtime's fused CUDA attention needs fp16 "
+                "(re-export with `specls export --dtype fp16`)",
+                self.model_dir,
+            )
         log.info(
             "loaded %s (%s, %d layers, vocab %d, %s) on %s in %.0f ms",
             self.model_dir,
