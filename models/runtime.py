@@ -32,7 +32,7 @@ PROVIDERS = ("auto", "cpu", "cuda")
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    threads: int = 1  # intra-op threads
+    threads: int = 1  # intra-op threads; 0 = ONNX Runtime's default (one per physical core)
     provider: str = "auto"  # "auto" (CUDA when usable) | "cpu" | "cuda"
     spinning: bool = False  # let idle intra-op threads spin (lower latency, burns CPU)
 
@@ -43,7 +43,7 @@ def _session_options(settings: RuntimeSettings) -> Any:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.intra_op_num_threads = max(1, settings.threads)
+    so.intra_op_num_threads = max(0, settings.threads)
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -157,12 +157,20 @@ class OnnxCausalLM:
         return self._slicers[device]
 
 
-def _check_ids(ids: Sequence[int], vocab: int) -> np.ndarray:
+class ContextFullError(ValueError):
+    """A forward would take the sequence past the model's maximum context (``ModelSpec.max_context``)."""
+
+
+def _check_ids(ids: Sequence[int], spec: ModelSpec, length: int) -> np.ndarray:
     arr = np.asarray(ids, dtype=np.int64)  # [n]
     if arr.ndim != 1:
         raise ValueError(f"ids must be a flat sequence of token ids, got shape {arr.shape}")
-    if arr.size and (arr.min() < 0 or arr.max() >= vocab):
-        raise ValueError(f"token id out of range [0, {vocab}): {int(arr.min())}..{int(arr.max())}")
+    if arr.size and (arr.min() < 0 or arr.max() >= spec.vocab_size):
+        raise ValueError(f"token id out of range [0, {spec.vocab_size}): {int(arr.min())}..{int(arr.max())}")
+    if length + arr.size > spec.max_context:
+        raise ContextFullError(
+            f"{length} cached + {arr.size} new tokens exceed the model's context of {spec.max_context}"
+        )
     return arr
 
 
@@ -193,7 +201,7 @@ class OrtKVCache:
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         """ids: [n] -> logits: [n, vocab] float32; the cache grows by n."""
-        arr = _check_ids(ids, self._lm.spec.vocab_size)
+        arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
         feed = self._feed(arr)
@@ -241,7 +249,7 @@ class BoundKVCache(OrtKVCache):
         self._past = []  # unused: the host copies of the CPU cache
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
-        arr = _check_ids(ids, self._lm.spec.vocab_size)
+        arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
         lm = self._lm

@@ -82,6 +82,13 @@ def test_bad_calls(lms: dict[str, OnnxCausalLM]) -> None:
     with pytest.raises(ValueError, match="negative"):
         cache.truncate(-1)
     assert cache.length == 0
+    # the tiny models have max_position_embeddings 256
+    from specls.models.runtime import ContextFullError
+
+    cache.forward([1] * 250)
+    with pytest.raises(ContextFullError, match="256"):
+        cache.forward([1] * 7)
+    assert cache.length == 250 and cache.forward([1] * 6).shape == (6, 300)
 
 
 def _copy(src: Path, dst: Path) -> Path:
