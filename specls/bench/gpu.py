@@ -130,7 +130,7 @@ class ShapePreset:
 
 SHAPES: dict[str, ShapePreset] = {
     "full": ShapePreset(QWEN25_CODER_1_5B, QWEN25_CODER_0_5B, (512, 2048), (1, 2, 4, 8, 16), 128, 3, 10),
-    "small": ShapePreset(SMALL_TARGET, SMALL_DRAFT, (64, 256), (1, 2, 4, 8, 16), 128, 2, 5),
+    "small": ShapePreset(SMALL_TARGET, SMALL_DRAFT, (64, 256), (1, 2, 4, 8, 16), 128, 3, 20),
 }
 
 
@@ -214,13 +214,20 @@ def predicted_speedup(curve: Mapping[int, float], c: float, alpha: float, gamma:
 
 
 def predicted_speedup_with_overhead(
-    curve: Mapping[int, float], c: float, alpha: float, gamma: int, method: str, overhead_ms: float
+    curve: Mapping[int, float],
+    c: float,
+    alpha: float,
+    gamma: int,
+    method: str,
+    overhead_ms: float,
+    truncate_ms: float = 0.0,
 ) -> float:
     """The same with a fixed per-pass cost ``overhead_ms`` (the loop's own work: argmax, bookkeeping,
-    host<->device copies) added to both plain and speculative passes."""
+    host<->device copies) added to plain and speculative passes, and the cache rollback after a
+    rejection (``truncate_ms``) to speculative ones."""
     t1 = curve[1]
     cost = interp_cost(curve, gamma + 1) + (gamma * c * t1 if method == "draft" else 0.0)
-    return expected_tokens(alpha, gamma) * (t1 + overhead_ms) / (cost + overhead_ms)
+    return expected_tokens(alpha, gamma) * (t1 + overhead_ms) / (cost + overhead_ms + truncate_ms)
 
 
 def best_gamma(
@@ -567,11 +574,20 @@ def slug(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class PassTimes:
+    """Medians at one past length: ms per forward of N new tokens, ms per truncate back to L."""
+
+    forward_ms: dict[int, float]
+    truncate_ms: float
+
+
 def time_passes(
     lm: CausalLM, past_length: int, ns: Sequence[int], warmup: int, repeats: int, seed: int
-) -> dict[int, float]:
+) -> PassTimes:
     """Median ms of one forward over N new tokens on a cache holding ``past_length`` positions, for each
-    N; the cache is truncated back to ``past_length`` after every call."""
+    N, and of the truncate back to ``past_length`` that follows every call. Rounds interleave the sizes
+    (N=1, 2, ..., then again) so slow drifts of the machine hit every N alike; ``warmup`` rounds first."""
     rng = np.random.default_rng(seed)
     vocab = lm.vocab_size
     ids = rng.integers(0, vocab, size=past_length + max(ns)).tolist()
@@ -580,21 +596,21 @@ def time_passes(
         cache.forward(ids[start : min(start + 512, past_length)])
     if cache.length != past_length:
         raise BenchError(f"cache holds {cache.length} positions after a {past_length}-token prefill")
-    out: dict[int, float] = {}
-    for n in ns:
-        new = ids[past_length : past_length + n]
-        samples: list[float] = []
-        for i in range(warmup + repeats):
+    samples: dict[int, list[float]] = {n: [] for n in ns}
+    trunc: list[float] = []
+    for i in range(warmup + repeats):
+        for n in ns:
             t0 = time.perf_counter()
-            logits = cache.forward(new)  # logits: [n, vocab]
-            dt = (time.perf_counter() - t0) * 1e3
+            logits = cache.forward(ids[past_length : past_length + n])  # logits: [n, vocab]
+            t1 = time.perf_counter()
             cache.truncate(past_length)
+            t2 = time.perf_counter()
             if logits.shape[0] != n:
                 raise BenchError(f"forward of {n} tokens returned {logits.shape[0]} rows")
             if i >= warmup:
-                samples.append(dt)
-        out[n] = statistics.median(samples)
-    return out
+                samples[n].append((t1 - t0) * 1e3)
+                trunc.append((t2 - t1) * 1e3)
+    return PassTimes({n: statistics.median(v) for n, v in samples.items()}, statistics.median(trunc))
 
 
 def greedy_reference(lm: CausalLM, prompt: Sequence[int], n: int) -> list[int]:
@@ -726,6 +742,7 @@ class GpuBenchReport:
     repeats: int
     target_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # L -> N -> ms
     draft_ms: dict[int, float] = field(default_factory=dict)  # L -> ms per draft step
+    truncate_ms: dict[int, float] = field(default_factory=dict)  # L -> ms per target cache truncate
     c: dict[int, float] = field(default_factory=dict)  # L -> draft step / T(1)
     alphas: dict[str, list[float]] = field(default_factory=dict)
     alpha_source: str = "default"
@@ -748,6 +765,7 @@ class GpuBenchReport:
         }
         d["draft_ms"] = {str(L): round(t, 4) for L, t in self.draft_ms.items()}
         d["c"] = {str(L): round(v, 4) for L, v in self.c.items()}
+        d["truncate_ms"] = {str(L): round(t, 4) for L, t in self.truncate_ms.items()}
         d["verify_curve"] = {
             str(L): {str(n): round(v, 4) for n, v in row.items()} for L, row in self.verify_curve().items()
         }
@@ -777,19 +795,16 @@ def render_markdown(r: GpuBenchReport) -> str:
         "",
         "## Target ms per pass, T(N) (and T(N)/T(1))",
         "",
-        "| L | " + " | ".join(f"N={n}" for n in r.ns) + " | draft step ms | c |",
-        "|---|" + "---|" * len(r.ns) + "---|---|",
+        "| L | " + " | ".join(f"N={n}" for n in r.ns) + " | draft step ms | c | truncate ms |",
+        "|---|" + "---|" * len(r.ns) + "---|---|---|",
     ]
     curve = r.verify_curve()
     for L in r.past_lengths:
         row = r.target_ms.get(L, {})
         cells = [f"{row[n]:.3f} ({curve[L][n]:.2f}x)" if n in row else "-" for n in r.ns]
-        dm = r.draft_ms.get(L)
-        c = r.c.get(L)
+        extra = [r.draft_ms.get(L), r.c.get(L), r.truncate_ms.get(L)]
         lines.append(
-            f"| {L} | " + " | ".join(cells) + f" | {dm:.3f} | {c:.3f} |"
-            if dm is not None and c is not None
-            else f"| {L} | " + " | ".join(cells) + " | - | - |"
+            f"| {L} | " + " | ".join(cells + [f"{v:.3f}" if v is not None else "-" for v in extra]) + " |"
         )
     lines += [
         "",
@@ -822,7 +837,7 @@ def render_markdown(r: GpuBenchReport) -> str:
             + (f"{r.loop_overhead_ms:.3f} ms." if r.loop_overhead_ms is not None else "-"),
             "",
             "| method | a | g | prompt | tokens | greedy ms | spec ms | measured | predicted | passes | "
-            "accepted/drafted | realized a | predicted at realized a | + loop overhead | == greedy |",
+            "accepted/drafted | realized a | predicted at realized a | + overhead, truncate | == greedy |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for m in r.loop:
@@ -1025,12 +1040,12 @@ def run_bench(settings: GpuBenchSettings, progress: Callable[[str], None] | None
             report.exports = {role: export_facts(work / f"{role}-onnx") for role in ("target", "draft")}
         with _phase(phases, "passes"):
             for L in settings.past_lengths:
-                report.target_ms[L] = time_passes(
-                    target, L, report.ns, settings.warmup, settings.repeats, settings.seed
-                )
+                times = time_passes(target, L, report.ns, settings.warmup, settings.repeats, settings.seed)
+                report.target_ms[L] = times.forward_ms
+                report.truncate_ms[L] = times.truncate_ms
                 report.draft_ms[L] = time_passes(
                     draft, L, (1,), settings.warmup, settings.repeats, settings.seed
-                )[1]
+                ).forward_ms[1]
                 report.c[L] = report.draft_ms[L] / report.target_ms[L][1]
                 say(
                     f"L={L}: T(N) ms "
@@ -1140,7 +1155,9 @@ def _run_loop(
                     predicted_speedup(curve, c, realized, gamma, method) if realized is not None else None
                 ),
                 predicted_with_overhead=(
-                    predicted_speedup_with_overhead(curve, c, realized, gamma, method, overhead)
+                    predicted_speedup_with_overhead(
+                        curve, c, realized, gamma, method, overhead, report.truncate_ms.get(L, 0.0)
+                    )
                     if realized is not None
                     else None
                 ),

@@ -99,6 +99,8 @@ def test_loop_overhead_moves_the_prediction_towards_tokens_per_pass() -> None:
     some = gpu.predicted_speedup_with_overhead(curve, 0.1, 0.8, 4, "draft", 5.0)
     huge = gpu.predicted_speedup_with_overhead(curve, 0.1, 0.8, 4, "draft", 1e6)
     assert plain < some < huge < expected_tokens(0.8, 4)
+    # a rollback cost on speculative passes only lowers it
+    assert gpu.predicted_speedup_with_overhead(curve, 0.1, 0.8, 4, "draft", 5.0, 2.0) < some
     assert huge == pytest.approx(expected_tokens(0.8, 4), rel=1e-3)
 
 
@@ -270,7 +272,7 @@ def _check_report(report: gpu.GpuBenchReport, settings: GpuBenchSettings) -> Non
     for L in (8, 24):
         assert sorted(report.target_ms[L]) == [1, 2, 4]
         assert all(t > 0 for t in report.target_ms[L].values())
-        assert report.draft_ms[L] > 0
+        assert report.draft_ms[L] > 0 and report.truncate_ms[L] >= 0
         assert report.c[L] == pytest.approx(report.draft_ms[L] / report.target_ms[L][1])
         assert report.verify_curve()[L][1] == pytest.approx(1.0)
     n_alphas = sum(len(v) for _, v in settings.alphas)
@@ -287,7 +289,7 @@ def _check_report(report: gpu.GpuBenchReport, settings: GpuBenchSettings) -> Non
         assert m.new_tokens == 12 and m.target_passes >= 12 / (m.gamma + 1)
         assert 0 <= m.accepted <= m.drafted
     md = gpu.render_markdown(report)
-    assert "| L | N=1 | N=2 | N=4 | draft step ms | c |" in md
+    assert "| L | N=1 | N=2 | N=4 | draft step ms | c | truncate ms |" in md
     assert md.count("| lookup |") == len(settings.alpha_map()["lookup"]) + 1  # predictions + the loop row
     assert "## Real decode loop vs prediction" in md
 
