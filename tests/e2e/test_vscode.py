@@ -5,6 +5,7 @@ ghost text appears, Tab accepts, the saved file contains it. Screenshots go to t
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -75,3 +76,9 @@ def test_vscode_ghost_text_and_tab(editors: Editors, specls_bin: Path, tmp_path:
     # (rendered in a view zone) up to whitespace
     assert first == ghost_inline, (first, ghost_inline)
     assert squash(rest) == squash(ghost_below), (rest, ghost_below)
+
+    # the status bar tooltip: live stats, and the accept reported to the server (specls/accepted)
+    tooltip = str(result["tooltip"])
+    assert re.search(r"draft acceptance rate: \d+(\.\d)?%", tooltip), tooltip
+    assert re.search(r"p50 latency: \d+ ms", tooltip), tooltip
+    assert re.search(r"suggestions accepted: [1-9]\d* of [1-9]", tooltip), tooltip

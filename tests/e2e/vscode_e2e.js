@@ -254,6 +254,20 @@ async function main() {
         await page.screenshot({ path: shotAfter });
         result.screenshot_accepted = shotAfter;
         log(`saved: ${JSON.stringify(after)}`);
+
+        // The status bar tooltip: stats from specls/stats (polled every 5 s), the accept counted by the
+        // server (the extension's specls/accepted notification).
+        const tooltipBy = Date.now() + 30000;
+        result.tooltip = '';
+        while (!/suggestions accepted: [1-9]/.test(result.tooltip) && Date.now() < tooltipBy) {
+            await page.mouse.move(0, 0);
+            await sleep(500);
+            await status.hover();
+            const hover = page.locator('.monaco-hover, .workbench-hover').filter({ hasText: 'latency' }).first();
+            result.tooltip = await hover.innerText({ timeout: 3000 }).catch(() => '');
+        }
+        log(`status tooltip: ${JSON.stringify(result.tooltip)}`);
+        await page.screenshot({ path: path.join(artifacts, 'vscode-status-tooltip.png') });
         result.ok = true;
     } catch (e) {
         if (page) {
