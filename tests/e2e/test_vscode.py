@@ -17,6 +17,7 @@ from tests.e2e.conftest import (
     PY_SOURCE,
     PY_TYPED,
     Editors,
+    TcpServer,
     clean_env,
     load_result,
     run_bounded,
@@ -32,7 +33,14 @@ def squash(text: str) -> str:
     return "".join(text.split())
 
 
-def test_vscode_ghost_text_and_tab(editors: Editors, specls_bin: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["stdio", "tcp"])
+def test_vscode_ghost_text_and_tab(
+    editors: Editors, specls_bin: Path, tmp_path: Path, transport: str, request: pytest.FixtureRequest
+) -> None:
+    team_server = ""
+    if transport == "tcp":  # specls.teamServer: the extension connects to a shared `specls serve --tcp`
+        server: TcpServer = request.getfixturevalue("tcp_server")
+        team_server = f"{server.host}:{server.port}"
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     source = workspace / "fib.py"
@@ -52,11 +60,16 @@ def test_vscode_ghost_text_and_tab(editors: Editors, specls_bin: Path, tmp_path:
         E2E_ARTIFACTS=str(ARTIFACTS),
         E2E_RESULT=str(result_path),
         E2E_TIMEOUT_MS=str(int(GHOST_TIMEOUT_S * 1000)),
+        E2E_TEAM_SERVER=team_server,
+        E2E_TAG=f"vscode-{transport}",
     )
     started = time.monotonic()
     rc, output = run_bounded([str(editors.node), str(DRIVER)], env, timeout=GHOST_TIMEOUT_S + 180)
     result = load_result(result_path, output)
-    print(f"[vscode] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log")))
+    print(
+        f"[vscode-{transport}] rc={rc} wall={time.monotonic() - started:.1f}s "
+        + json.dumps(result.get("log"))
+    )
     assert result.get("ok"), (
         f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
     )

@@ -4,7 +4,7 @@
 // Environment (all required): CODE_SERVER, CHROMIUM, VSIX, SPECLS_BIN (the specls executable),
 // E2E_WORKSPACE (a folder holding E2E_FILE), E2E_FILE (file name), E2E_TYPE (text to type at the end of the
 // file), E2E_RUN_DIR (fresh dir for HOME, XDG and user data), E2E_ARTIFACTS (screenshots), E2E_RESULT (JSON
-// written here), E2E_TIMEOUT_MS (for the ghost text).
+// written here), E2E_TIMEOUT_MS (for the ghost text); optional E2E_TEAM_SERVER (host:port), E2E_TAG.
 'use strict';
 const { chromium } = require('playwright-core');
 const { spawn, execFileSync } = require('child_process');
@@ -24,6 +24,7 @@ const log = (m) => {
     result.log.push(line);
     process.stderr.write(line + '\n');
 };
+const tag = process.env.E2E_TAG || 'vscode';
 const sleep = (n) => new Promise((r) => setTimeout(r, n));
 
 function freePort() {
@@ -99,6 +100,8 @@ async function main() {
     fs.mkdirSync(path.join(dirs['user-data'], 'User'), { recursive: true });
     const settings = {
         'specls.serverPath': env('SPECLS_BIN'),
+        // a team server over TCP instead of a local one over stdio
+        'specls.teamServer': process.env.E2E_TEAM_SERVER || '',
         'specls.maxTokens': 24,
         'specls.trace.server': process.env.E2E_LOG_TRACE ? 'verbose' : 'off',
         'editor.inlineSuggest.enabled': true,
@@ -145,7 +148,7 @@ async function main() {
         ],
         { env: childEnv, stdio: ['ignore', 'pipe', 'pipe'], detached: true },
     );
-    const serverLog = fs.createWriteStream(path.join(artifacts, 'vscode-code-server.log'));
+    const serverLog = fs.createWriteStream(path.join(artifacts, `${tag}-code-server.log`));
     server.stdout.pipe(serverLog);
     server.stderr.pipe(serverLog);
     let browser;
@@ -235,7 +238,7 @@ async function main() {
         result.ghost_below = below.map(clean);
         log(`ghost text: ${JSON.stringify(result.ghost_inline)} + ${JSON.stringify(result.ghost_below)}`);
         result.status_ready = (await status.innerText()).trim();
-        const shot = path.join(artifacts, 'vscode-ghost-text.png');
+        const shot = path.join(artifacts, `${tag}-ghost-text.png`);
         await page.screenshot({ path: shot });
         result.screenshot = shot;
 
@@ -250,7 +253,7 @@ async function main() {
         }
         result.before = before;
         result.after = after;
-        const shotAfter = path.join(artifacts, 'vscode-accepted.png');
+        const shotAfter = path.join(artifacts, `${tag}-accepted.png`);
         await page.screenshot({ path: shotAfter });
         result.screenshot_accepted = shotAfter;
         log(`saved: ${JSON.stringify(after)}`);
@@ -267,7 +270,7 @@ async function main() {
             result.tooltip = await hover.innerText({ timeout: 3000 }).catch(() => '');
         }
         log(`status tooltip: ${JSON.stringify(result.tooltip)}`);
-        await page.screenshot({ path: path.join(artifacts, 'vscode-status-tooltip.png') });
+        await page.screenshot({ path: path.join(artifacts, `${tag}-status-tooltip.png`) });
         result.ok = true;
     } catch (e) {
         if (page) {
@@ -276,7 +279,7 @@ async function main() {
                 .first()
                 .innerText({ timeout: 2000 })
                 .catch(() => '');
-            await page.screenshot({ path: path.join(artifacts, 'vscode-failure.png') }).catch(() => {});
+            await page.screenshot({ path: path.join(artifacts, `${tag}-failure.png`) }).catch(() => {});
         }
         throw e;
     } finally {
@@ -290,7 +293,7 @@ async function main() {
         } catch {}
         // the extension's log (output channel) and the extension host's (written out by now)
         for (const f of findFiles(path.join(dirs['user-data'], 'logs'), /(specls|exthost)\.log$/)) {
-            fs.copyFileSync(f, path.join(artifacts, `vscode-${path.basename(f)}`));
+            fs.copyFileSync(f, path.join(artifacts, `${tag}-${path.basename(f)}`));
         }
     }
 }
