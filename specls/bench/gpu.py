@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from specls.decoder.api import CausalLM, DecodeSettings, KVCache
+from specls.decoder.api import CausalLM, DecodeSettings, EngineError, KVCache
 
 log = logging.getLogger(__name__)
 
@@ -909,6 +909,10 @@ def _validate(settings: GpuBenchSettings) -> None:
             )
     if settings.target.vocab != settings.draft.vocab:
         raise BenchError("target and draft must share the vocab (same tokenizer)")
+    if settings.target.vocab < 256 + len(SPECIAL_TOKENS):
+        raise BenchError(
+            f"vocab {settings.target.vocab} is too small for a byte-level tokenizer (needs >= 263)"
+        )
     if settings.gen_tokens < 2:
         raise BenchError("--gen-tokens must be >= 2")
     for a in settings.loop_alphas:
@@ -1333,7 +1337,7 @@ def run_command(args: argparse.Namespace) -> int:
                 f"[{time.perf_counter() - t0:7.1f}s] {msg}", file=sys.stderr, flush=True
             ),
         )
-    except BenchError as exc:
+    except (BenchError, EngineError) as exc:  # EngineError: export/load failures, with their reason
         print(f"specls bench gpu: {exc}", file=sys.stderr)
         return 2
     if args.json:

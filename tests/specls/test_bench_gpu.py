@@ -236,7 +236,24 @@ def test_bad_settings_are_clear_errors() -> None:
     with pytest.raises(BenchError, match="exceeds"):
         gpu.run_bench(tiny_settings("torch", past_lengths=(8, 1000)))
     with pytest.raises(BenchError, match="too small"):
+        gpu.run_bench(
+            tiny_settings(
+                "torch", target=replace(TINY_TARGET, vocab=200), draft=replace(TINY_DRAFT, vocab=200)
+            )
+        )
+    with pytest.raises(BenchError, match="too small"):
         gpu.write_tokenizer(Path("/nonexistent-never-written"), 100)
+
+
+def test_cli_reports_bad_input_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specls.cli import main
+
+    assert main(["bench", "gpu", "--acceptance", str(tmp_path / "missing.json")]) == 2
+    assert "unreadable acceptance JSON" in capsys.readouterr().err
+    assert main(["bench", "gpu", "--shape", "small", "--ns", "2,4"]) == 2
+    assert "must hold 1" in capsys.readouterr().err
 
 
 def test_cli_acceptance_file_sets_the_rates(tmp_path: Path) -> None:
