@@ -9,7 +9,7 @@ slice on the sequence axis.
 
 CUDA (``BoundKVCache``): past KV stays on the device as OrtValues bound through IOBinding; only
 ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice graph on the device
-(``_KVSlicer``, no host round trip).
+(``_DeviceOps``, no host round trip); ``forward_greedy`` takes the argmax there too.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class OnnxCausalLM:
             for n in kv
         ]
         self.output_names: list[str] = [self.spec.logits_name, *self.present_names]
-        self._slicers: dict[str, _KVSlicer] = {}
+        self._device_ops: dict[str, _DeviceOps] = {}
         if self.provider == "cuda" and self.spec.dtype == "fp32":
             log.warning(
                 "%s is an fp32 graph on CUDA: ONNX Runtime's fused CUDA attention needs fp16 "
@@ -151,10 +151,10 @@ class OnnxCausalLM:
         """One tiny forward so the first real request does not pay ORT's lazy initialisation."""
         self.new_cache().forward([0, 0])
 
-    def slicer(self, device: str) -> _KVSlicer:
-        if device not in self._slicers:
-            self._slicers[device] = _KVSlicer(self, device)
-        return self._slicers[device]
+    def device_ops(self, device: str) -> _DeviceOps:
+        if device not in self._device_ops:
+            self._device_ops[device] = _DeviceOps(self, device)
+        return self._device_ops[device]
 
 
 class ContextFullError(ValueError):
@@ -215,6 +215,11 @@ class OrtKVCache:
 
     append = forward
 
+    def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
+        """Like ``forward`` but returns only each position's argmax: [n] int64 (ties: the lowest id,
+        as ``np.argmax``). On CUDA the argmax runs on the device and only n ids come back."""
+        return np.argmax(self.forward(ids), axis=-1).astype(np.int64)  # [n]
+
     def truncate(self, n: int) -> None:
         """Keep the first n positions (exact slice on the sequence axis, no recompute)."""
         if n < 0:
@@ -232,7 +237,7 @@ class BoundKVCache(OrtKVCache):
 
     Per forward: bind ids/mask/positions from host arrays (a few bytes), bind each past OrtValue (no
     copy), let ORT allocate the presents on the device, copy only the logits to the host. The presents
-    become the next past. ``truncate`` slices on the device (``_KVSlicer``), no host round trip.
+    become the next past. ``truncate`` slices on the device (``_DeviceOps``), no host round trip.
     """
 
     def __init__(self, lm: OnnxCausalLM, device: str = "cuda") -> None:
@@ -248,53 +253,67 @@ class BoundKVCache(OrtKVCache):
         ]  # each [1, kv, length, hd] on the device
         self._past = []  # unused: the host copies of the CPU cache
 
-    def forward(self, ids: Sequence[int]) -> np.ndarray:
-        arr = _check_ids(ids, self._lm.spec, self._length)
-        if arr.size == 0:
-            return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
+    def _run(self, arr: np.ndarray, logits_device: str) -> Any:
+        """One step; returns the logits OrtValue [1, n, vocab] on ``logits_device``."""
         lm = self._lm
         binding = lm.session.io_binding()
         for name, value in self._feed(arr).items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for name, past in zip(lm.past_names, self._dev, strict=True):
             binding.bind_ortvalue_input(name, past)
-        binding.bind_output(lm.spec.logits_name, "cpu")
+        binding.bind_output(lm.spec.logits_name, logits_device, 0)
         for name in lm.present_names:
             binding.bind_output(name, self._device, 0)
         lm.session.run_with_iobinding(binding)
-        outs = binding.get_outputs()  # [logits (host) [1, n, vocab], present k0, v0, ... (device)]
+        outs = binding.get_outputs()  # [logits [1, n, vocab], present k0, v0, ... (device)]
         self._dev = list(outs[1:])
         self._length += arr.size
-        logits = outs[0].numpy()[0]  # [n, vocab]
+        return outs[0]
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        arr = _check_ids(ids, self._lm.spec, self._length)
+        if arr.size == 0:
+            return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
+        logits = self._run(arr, "cpu").numpy()[0]  # [n, vocab]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
     append = forward
+
+    def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
+        arr = _check_ids(ids, self._lm.spec, self._length)
+        if arr.size == 0:
+            return np.zeros((0,), dtype=np.int64)
+        logits = self._run(arr, self._device)  # [1, n, vocab] on the device
+        return self._lm.device_ops(self._device).argmax(logits)  # [n]
 
     def truncate(self, n: int) -> None:
         if n < 0:
             raise ValueError(f"cannot truncate to a negative length ({n})")
         if n >= self._length:
             return
-        self._dev = self._lm.slicer(self._device).slice(self._dev, n)
+        self._dev = self._lm.device_ops(self._device).slice(self._dev, n)
         self._length = n
 
 
-class _KVSlicer:
-    """``y_i = Slice(x_i, starts=[0], ends=[n], axes=[2])`` for every KV tensor in one ORT run on the
-    cache's device: a device-to-device copy of the kept prefix. The graph is built in memory with the
-    ``onnx`` package; without it, truncation falls back to a host round trip (correct, slower)."""
+class _DeviceOps:
+    """Small ONNX graphs run on a cache's device so nothing big crosses to the host:
+
+    - slice: ``y_i = Slice(x_i, starts=[0], ends=[n], axes=[2])`` for every KV tensor in one run (the
+      device-to-device copy of the kept prefix that ``truncate`` needs);
+    - argmax: ``ids = ArgMax(logits, axis=-1)`` so greedy steps copy n ids, not [n, vocab] logits.
+
+    Built in memory with the ``onnx`` package; without it both fall back to a host round trip.
+    """
 
     def __init__(self, lm: OnnxCausalLM, device: str) -> None:
-        import onnxruntime as ort
-
         self._device = device
         self._count = count = 2 * lm.spec.num_layers
-        self._dtype = lm.kv_dtype
-        self._session: Any = None
+        self._slice: Any = None
+        self._argmax: Any = None
         try:
             from onnx import TensorProto, helper
         except ImportError:
-            log.warning("the onnx package is missing: KV truncation on %s goes through the host", device)
+            log.warning("the onnx package is missing: KV truncation/argmax on %s go through the host", device)
             return
         elem = TensorProto.FLOAT16 if lm.spec.dtype == "fp16" else TensorProto.FLOAT
         shape: list[str | int | None] = [1, lm.spec.num_kv_heads, "s", lm.spec.head_dim]
@@ -306,30 +325,55 @@ class _KVSlicer:
             helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
             helper.make_tensor("axis", TensorProto.INT64, [1], [2]),
         ]
-        graph = helper.make_graph(nodes, "kv_slice", inputs, outputs, initializer=inits)
+        self._slice = self._session(helper.make_graph(nodes, "kv_slice", inputs, outputs, initializer=inits))
+        logits_type = next(o.type for o in lm.session.get_outputs() if o.name == lm.spec.logits_name)
+        logits_elem = TensorProto.FLOAT16 if logits_type == "tensor(float16)" else TensorProto.FLOAT
+        argmax = helper.make_graph(
+            [helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0)],
+            "greedy",
+            [helper.make_tensor_value_info("logits", logits_elem, [1, "n", lm.spec.vocab_size])],
+            [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "n"])],
+        )
+        self._argmax = self._session(argmax)
+
+    def _session(self, graph: Any) -> Any:
+        import onnxruntime as ort
+        from onnx import helper
+
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
-        providers = ["CUDAExecutionProvider"] if device == "cuda" else []
-        self._session = ort.InferenceSession(
+        so.log_severity_level = 3
+        providers = ["CUDAExecutionProvider"] if self._device == "cuda" else []
+        return ort.InferenceSession(
             model.SerializeToString(), so, providers=[*providers, "CPUExecutionProvider"]
         )
 
     def slice(self, values: list[Any], n: int) -> list[Any]:
         """values: 2*layers x [1, kv, length, hd] OrtValues -> the same, [1, kv, n, hd]."""
-        if self._session is None:
+        if self._slice is None:
             import onnxruntime as ort
 
             return [
                 ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :n]), self._device, 0)
                 for v in values
             ]
-        binding = self._session.io_binding()
+        binding = self._slice.io_binding()
         for i, v in enumerate(values):
             binding.bind_ortvalue_input(f"x{i}", v)
         binding.bind_cpu_input("end", np.array([n], dtype=np.int64))
         for i in range(self._count):
             binding.bind_output(f"y{i}", self._device, 0)
-        self._session.run_with_iobinding(binding)
+        self._slice.run_with_iobinding(binding)
         return list(binding.get_outputs())
+
+    def argmax(self, logits: Any) -> np.ndarray:
+        """logits: OrtValue [1, n, vocab] on the device -> [n] int64 on the host."""
+        if self._argmax is None or logits.data_type() not in ("tensor(float)", "tensor(float16)"):
+            return np.argmax(logits.numpy()[0], axis=-1).astype(np.int64)
+        binding = self._argmax.io_binding()
+        binding.bind_ortvalue_input("logits", logits)
+        binding.bind_output("ids", "cpu")
+        self._argmax.run_with_iobinding(binding)
+        return np.asarray(binding.get_outputs()[0].numpy()[0], dtype=np.int64)  # [n]

@@ -188,13 +188,13 @@ def test_cli_export(
 @pytest.mark.parametrize("host_fallback", [False, True])
 def test_iobinding_cache_matches_numpy_cache(lms: dict[str, OnnxCausalLM], host_fallback: bool) -> None:
     """The CUDA cache's code (OrtValues + IOBinding + on-device Slice), run with device="cpu"."""
-    from specls.models.runtime import BoundKVCache, _KVSlicer
+    from specls.models.runtime import BoundKVCache, _DeviceOps
 
     lm = lms["qwen2"]
     if host_fallback:
-        slicer = _KVSlicer(lm, "cpu")
-        slicer._session = None  # as without the onnx package
-        lm._slicers["cpu"] = slicer
+        ops = _DeviceOps(lm, "cpu")
+        ops._slice = ops._argmax = None  # as without the onnx package
+        lm._device_ops["cpu"] = ops
     try:
         bound, plain = BoundKVCache(lm, "cpu"), lm.new_cache()
         assert type(plain).__name__ == "OrtKVCache"
@@ -218,7 +218,12 @@ def test_iobinding_cache_matches_numpy_cache(lms: dict[str, OnnxCausalLM], host_
                 assert isinstance(arg, list)
                 a, b = bound.forward(arg), plain.forward(arg)
                 assert a.shape == (len(arg), 300) and np.array_equal(a, b)
+                # the same step again as a greedy step (argmax on the device): same ids, same cache
+                bound.truncate(bound.length - len(arg))
+                plain.truncate(plain.length - len(arg))
+                ga, gb = bound.forward_greedy(arg), plain.forward_greedy(arg)
+                assert ga.dtype == np.int64 and np.array_equal(ga, gb) and np.array_equal(ga, a.argmax(-1))
             assert bound.length == plain.length
-        assert bound.forward([]).shape == (0, 300)
+        assert bound.forward([]).shape == (0, 300) and bound.forward_greedy([]).shape == (0,)
     finally:
-        lm._slicers.pop("cpu", None)
+        lm._device_ops.pop("cpu", None)
