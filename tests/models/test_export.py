@@ -91,6 +91,7 @@ def test_export_plain_graph_any_batch(plain_and_fp16: dict[str, Path]) -> None:
     assert report["ort_fusions"] == "none"
     assert all(v < 1e-4 for v in report["verify"]["max_abs_diff"].values())
     assert "GroupQueryAttention" not in _op_types(d)
+    assert not (d / "model.onnx.data").exists()
     sess = _session(d)
     ins = {i.name: i.shape for i in sess.get_inputs()}
     assert ins["input_ids"] == ["batch", "new"] and ins["attention_mask"] == ["batch", "total"]
@@ -137,3 +138,23 @@ def test_export_bad_sources(tmp_path: Path, tiny_checkpoints: dict[str, Path]) -
         export_model(str(tiny_checkpoints["llama"]), tmp_path / "o", ExportOptions(ort_fusions="tpu"))
     with pytest.raises(ExportError, match="FIM family"):
         export_model(str(tiny_checkpoints["llama"]), tmp_path / "o", ExportOptions(fim_family="nope"))
+
+
+def test_fused_failure_falls_back_to_plain(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specls.models.export as export_mod
+
+    def broken(model: object, spec: object, onnx_path: Path, *args: object) -> None:
+        onnx_path.write_bytes(b"half-written graph")  # must not survive into the result
+        (onnx_path.parent / "model.onnx.data").write_bytes(b"junk")
+        raise RuntimeError("fusion exploded")
+
+    monkeypatch.setattr(export_mod, "_trace_fused", broken)
+    (tmp_path / "out").mkdir()
+    d = export_model(str(tiny_checkpoints["llama"]), tmp_path / "out", ExportOptions(tolerance=1e-4))
+    report = read_report(d)
+    assert report["ort_fusions"] == "none"
+    assert all(v < 1e-4 for v in report["verify"]["max_abs_diff"].values())
+    assert "GroupQueryAttention" not in _op_types(d)
+    assert not (d / "model.onnx.data").exists()
