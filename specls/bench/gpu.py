@@ -1062,6 +1062,9 @@ def run_bench(settings: GpuBenchSettings, progress: Callable[[str], None] | None
                 for a in alphas:
                     g, s = best_gamma(report.target_ms[L], report.c[L], a, method, gamma_max)
                     report.predictions.append(Prediction(method, L, a, g, expected_tokens(a, g), s))
+        if settings.out_dir is not None and settings.loop:
+            # the pass costs and predictions survive a run killed during the loop (device time limits)
+            write_report(report, settings.out_dir)
         if settings.loop:
             with _phase(phases, "loop"):
                 _run_loop(settings, report, target, draft, say)

@@ -324,7 +324,7 @@ def test_end_to_end_torch_backend_through_the_cli(tmp_path: Path) -> None:
         ]
     )  # fmt: skip
     assert rc == 0
-    files = sorted(p.name for p in out.iterdir())
+    files = sorted(p.name for p in out.iterdir())  # the early (pre-loop) write used the same names
     assert len(files) == 2 and files[0].startswith("results-") and files[0].endswith("-torch.json")
     data = json.loads((out / files[0]).read_text())
     assert data["backend"] == "torch" and data["provider"] == "torch-cpu" and data["dtype"] == "fp32"
