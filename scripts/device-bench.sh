@@ -19,8 +19,8 @@
 #
 # The image has torch 2.11+cu130, transformers 5.17, onnx, onnxscript, tokenizers and the CPU-only
 # onnxruntime 1.30; the CUDA EP needs onnxruntime-gpu. onnxruntime-gpu 1.31.1 is built for CUDA 13 /
-# cuDNN 9 (cu13), which the image's nvidia-* packages provide (preload_dlls finds them); its other
-# requirements (numpy, protobuf, flatbuffers, packaging) are on the image too. But its wheel is
+# cuDNN 9 (cu13), which the image's nvidia-* packages should provide (loaded by preload_dlls; not yet
+# verified there); its other requirements (numpy, protobuf, flatbuffers, packaging) are on the image. But its wheel is
 # 255.6 MB and one call carries at most 64 MiB *including the working tree*: it has to travel in parts
 # over consecutive calls to one warm machine (ignored paths already there are kept between calls; a
 # machine idle for 30 s is given back and the parts are lost).
