@@ -95,3 +95,34 @@ def test_vscode_ghost_text_and_tab(
     assert re.search(r"draft acceptance rate: \d+(\.\d)?%", tooltip), tooltip
     assert re.search(r"p50 latency: \d+ ms", tooltip), tooltip
     assert re.search(r"suggestions accepted: [1-9]\d* of [1-9]", tooltip), tooltip
+
+
+def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None:
+    """specls.serverPath pointing nowhere: an error status and a notification that names the setting."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "fib.py").write_text(PY_SOURCE)
+    result_path = tmp_path / "result.json"
+    env = clean_env(tmp_path / "env")
+    env.update(
+        NODE_PATH=str(editors.node_path),
+        CODE_SERVER=str(editors.code_server),
+        CHROMIUM=str(editors.chromium),
+        VSIX=str(editors.vsix),
+        SPECLS_BIN=str(tmp_path / "no-such-dir" / "specls"),
+        E2E_WORKSPACE=str(workspace),
+        E2E_FILE="fib.py",
+        E2E_TYPE=PY_TYPED,
+        E2E_RUN_DIR=str(tmp_path / "run"),
+        E2E_ARTIFACTS=str(ARTIFACTS),
+        E2E_RESULT=str(result_path),
+        E2E_TIMEOUT_MS="60000",
+        E2E_EXPECT_ERROR="1",
+        E2E_TAG="vscode-missing-server",
+    )
+    rc, output = run_bounded([str(editors.node), str(DRIVER)], env, timeout=240)
+    result = load_result(result_path, output)
+    assert result.get("ok"), f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}"
+    assert "error" in str(result["status_error"])
+    notification = str(result["notification"])
+    assert "specls.serverPath" in notification and "no-such-dir" in notification, notification

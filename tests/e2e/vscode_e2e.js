@@ -4,7 +4,8 @@
 // Environment (all required): CODE_SERVER, CHROMIUM, VSIX, SPECLS_BIN (the specls executable),
 // E2E_WORKSPACE (a folder holding E2E_FILE), E2E_FILE (file name), E2E_TYPE (text to type at the end of the
 // file), E2E_RUN_DIR (fresh dir for HOME, XDG and user data), E2E_ARTIFACTS (screenshots), E2E_RESULT (JSON
-// written here), E2E_TIMEOUT_MS (for the ghost text); optional E2E_TEAM_SERVER (host:port), E2E_TAG.
+// written here), E2E_TIMEOUT_MS (for the ghost text); optional E2E_TEAM_SERVER (host:port), E2E_TAG,
+// E2E_EXPECT_ERROR (the server cannot start: expect the error status and notification instead).
 'use strict';
 const { chromium } = require('playwright-core');
 const { spawn, execFileSync } = require('child_process');
@@ -198,13 +199,24 @@ async function main() {
         await status.waitFor({ timeout: 60000 });
         result.status_initial = (await status.innerText()).trim();
         log(`status bar: ${result.status_initial}`);
-        const readyBy = Date.now() + timeout;
-        let statusText = result.status_initial;
-        while (statusText !== 'specls' && Date.now() < readyBy) {
-            await sleep(250);
-            statusText = (await status.innerText()).trim();
+        if (process.env.E2E_EXPECT_ERROR) {
+            // a broken setup: the status bar turns to error and a notification says what to fix
+            await status.locator('.codicon-error').waitFor({ timeout: 60000 });
+            result.status_error = (await status.innerText()).trim();
+            const toast = page.locator('.notification-toast', { hasText: 'specls' }).first();
+            await toast.waitFor({ timeout: 30000 });
+            result.notification = (await toast.innerText()).trim();
+            log(`error state: ${JSON.stringify(result.status_error)}, notification ${JSON.stringify(result.notification)}`);
+            await page.screenshot({ path: path.join(artifacts, `${tag}.png`) });
+            result.ok = true;
+            return;
         }
-        if (statusText !== 'specls') throw new Error(`the extension did not become ready: status "${statusText}"`);
+        const ready = status.locator('.codicon-sparkle');
+        try {
+            await ready.waitFor({ timeout });
+        } catch {
+            throw new Error(`the extension did not become ready: status "${(await status.innerText()).trim()}"`);
+        }
         result.ready_ms = Date.now() - t0;
         log('status bar: ready');
 

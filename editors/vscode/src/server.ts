@@ -50,8 +50,9 @@ export function resolveExecutable(serverPath: string, workspaceFolders: readonly
             p = fs.existsSync(inWorkspace) ? inWorkspace : (onPath(p) ?? inWorkspace);
         }
         if (!isExecutable(p)) {
+            const where = p === serverPath.trim() ? '' : ` (${p})`;
             throw new ServerNotFoundError(
-                `specls: "specls.serverPath" is set to "${serverPath}", but ${p} is not an executable file.`,
+                `specls: "specls.serverPath" is set to "${serverPath}"${where}, which is not an executable file.`,
             );
         }
         candidates.push(p);

@@ -98,7 +98,12 @@ export class StatusBar implements vscode.Disposable {
         const icon = { loading: '$(loading~spin)', ready: '$(sparkle)', disabled: '$(circle-slash)', error: '$(error)' }[
             kind
         ];
-        this.item.text = kind === 'loading' && this.detail ? `${icon} specls: ${this.detail}` : `${icon} specls`;
+        this.item.text =
+            kind === 'loading' && this.detail
+                ? `${icon} specls: ${this.detail}`
+                : kind === 'error'
+                  ? `${icon} specls: error`
+                  : `${icon} specls`;
         this.item.backgroundColor =
             kind === 'error' ? new vscode.ThemeColor('statusBarItem.errorBackground') : undefined;
         const lines = [`specls: ${kind}${this.detail && kind !== 'loading' ? ` (${this.detail})` : ''}`];
