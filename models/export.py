@@ -133,9 +133,8 @@ def export_model(
 
     progress("tracing to ONNX", 0.15)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp:
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp, torch.no_grad():
         tmp_onnx = Path(tmp) / ONNX_FILE
-        torch.set_grad_enabled(False)
         if options.dtype == "fp16":
             trace_model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
         else:
@@ -160,8 +159,9 @@ def export_model(
             f.unlink()
         for f in Path(tmp).iterdir():
             shutil.move(str(f), out_dir / f.name)
-    shutil.copyfile(tok_src, out_dir / TOKENIZER_FILE)
-    spec.write(out_dir)
+    if not (out_dir / TOKENIZER_FILE).exists() or not (out_dir / TOKENIZER_FILE).samefile(tok_src):
+        shutil.copyfile(tok_src, out_dir / TOKENIZER_FILE)
+    spec_path = spec.write(out_dir)
 
     report: dict[str, Any] = {
         "source": source,
@@ -176,10 +176,13 @@ def export_model(
         tol = result.tolerance
         log.info("verify: max abs diff %s (tolerance %g)", result.max_abs_diff, tol)
         if result.worst > tol or not np.isfinite(result.worst):
+            # not loadable by mistake: the runtime needs specls.json
+            spec_path.unlink()
             (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
             raise ExportError(
                 f"{out_dir / ONNX_FILE}: ONNX Runtime logits differ from torch by {result.worst:.3g} "
-                f"(tolerance {tol:g}); per check: {result.max_abs_diff}"
+                f"(tolerance {tol:g}); per check: {result.max_abs_diff}. {SPEC_FILE} was not kept; "
+                f"re-export with a larger --tolerance (or --no-verify) to accept this graph"
             )
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
     progress("done", 1.0)

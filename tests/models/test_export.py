@@ -158,3 +158,17 @@ def test_fused_failure_falls_back_to_plain(
     assert all(v < 1e-4 for v in report["verify"]["max_abs_diff"].values())
     assert "GroupQueryAttention" not in _op_types(d)
     assert not (d / "model.onnx.data").exists()
+
+
+def test_verify_failure_leaves_no_loadable_dir(tiny_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    from specls.models.spec import SPEC_FILE, ModelLoadError
+
+    out = tmp_path / "strict"
+    # a negative tolerance fails whatever the diff: the export must refuse the graph
+    with pytest.raises(ExportError, match="differ from torch") as ei:
+        export_model(str(tiny_checkpoints["llama"]), out, ExportOptions(tolerance=-1.0, ort_fusions="none"))
+    assert "--tolerance" in str(ei.value)
+    assert (out / "model.onnx").is_file() and not (out / SPEC_FILE).exists()
+    assert "verify" in read_report(out)
+    with pytest.raises(ModelLoadError, match=SPEC_FILE):
+        load_spec(out)
