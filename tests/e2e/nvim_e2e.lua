@@ -139,26 +139,46 @@ local function run()
     end
   end
 
-  local text, row, col, pos
-  local deadline = ms() + timeout
-  local retrigger_at = ms() + 5000
-  while ms() < deadline do
-    wait_until(200, function()
-      text, row, col, pos = ghost()
-      return text ~= nil
-    end, 20)
-    if text then
-      break
-    end
-    if ms() > retrigger_at then
-      -- e.g. the first request came while the model was still loading: leave and re-enter Insert mode
-      log('no ghost text yet; re-entering Insert mode')
-      feed('<Esc>A', 'n')
-      retrigger_at = ms() + 5000
+  local function await_ghost()
+    local text, row, col, pos
+    local deadline = ms() + timeout
+    local retrigger_at = ms() + 5000
+    while ms() < deadline do
+      wait_until(200, function()
+        text, row, col, pos = ghost()
+        return text ~= nil
+      end, 20)
+      if text then
+        return text, row, col, pos
+      end
+      if ms() > retrigger_at then
+        -- e.g. the first request came while the model was still loading: leave and re-enter Insert mode
+        log('no ghost text yet; re-entering Insert mode')
+        feed('<Esc>A', 'n')
+        retrigger_at = ms() + 5000
+      end
     end
   end
+
+  local text, row, col, pos = await_ghost()
   if not text then
     return fail(string.format('no ghost text within %d ms', timeout))
+  end
+  if not result.native then
+    -- 0.11 fallback: the dismiss key hides it (and it stays hidden without an edit); an edit asks again
+    feed('<C-]>', 'mt')
+    wait_until(2000, function()
+      return ghost() == nil
+    end, 20)
+    sleep(500)
+    result.dismissed = ghost() == nil
+    log('after dismiss: ' .. (ghost() or '(no ghost text)'))
+    local line = vim.api.nvim_get_current_line()
+    feed('<BS>' .. line:sub(-1), 'n')
+    text, row, col, pos = await_ghost()
+    if not text then
+      return fail('no ghost text after an edit following the dismiss')
+    end
   end
   result.ghost_ms = ms()
   result.ghost = text

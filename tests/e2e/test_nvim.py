@@ -70,6 +70,8 @@ def check_accept(result: dict[str, object], min_version: tuple[int, int], native
     if min_version == (0, 11):
         assert (major, minor) == (0, 11), result["version"]
     assert result["native"] is native
+    if not native:
+        assert result["dismissed"] is True, "the dismiss key did not hide the ghost text"
     ghost = str(result["ghost"])
     assert ghost.strip(), f"empty ghost text: {ghost!r}"
     before = str(result["before"])
