@@ -491,6 +491,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=TrainOptions.seq_len)
     p.add_argument("--save-every", type=int, default=TrainOptions.save_every)
     p.add_argument("--warmup-steps", type=int, default=TrainOptions.warmup_steps)
+    p.add_argument("--lr", type=float, default=TrainOptions.lr, help="target peak learning rate")
+    p.add_argument("--draft-lr", type=float, default=TrainOptions.draft_lr, help="draft peak learning rate")
     p.add_argument("--time-budget", type=float, default=None, help="wall-clock seconds (see TrainOptions)")
     p.add_argument("--threads", type=int, default=TrainOptions.threads)
     p.add_argument("--seed", type=int, default=TrainOptions.seed)
@@ -510,6 +512,8 @@ def _run_train(args: argparse.Namespace) -> int:
         seq_len=args.seq_len,
         save_every=args.save_every,
         warmup_steps=args.warmup_steps,
+        lr=args.lr,
+        draft_lr=args.draft_lr,
         time_budget_s=args.time_budget,
         threads=args.threads,
         seed=args.seed,
