@@ -95,6 +95,8 @@ def test_vscode_ghost_text_and_tab(
     assert re.search(r"draft acceptance rate: \d+(\.\d)?%", tooltip), tooltip
     assert re.search(r"p50 latency: \d+ ms", tooltip), tooltip
     assert re.search(r"suggestions accepted: [1-9]\d* of [1-9]", tooltip), tooltip
+    # enabledLanguages changed in settings.json while running: the status shows the language as disabled
+    assert result["disabled_shown"] is True
 
 
 def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None:

@@ -283,6 +283,31 @@ async function main() {
         }
         log(`status tooltip: ${JSON.stringify(result.tooltip)}`);
         await page.screenshot({ path: path.join(artifacts, `${tag}-status-tooltip.png`) });
+
+        // Settings change on disk: Python no longer enabled -> the client restarts, the status shows disabled.
+        // (edited in the workbench, as a user does: code-server does not watch the file for outside writes)
+        await page.keyboard.press('F1');
+        await page.keyboard.type('Preferences: Open User Settings (JSON)');
+        await page.locator('.quick-input-list .monaco-list-row', { hasText: 'Open User Settings (JSON)' }).first().waitFor({ timeout: 10000 });
+        await page.keyboard.press('Enter');
+        await page.locator('.monaco-editor .view-lines', { hasText: 'specls.serverPath' }).first().waitFor({ timeout: 10000 });
+        await sleep(300);
+        await page.keyboard.press('Control+A');
+        await page.keyboard.insertText(JSON.stringify({ ...settings, 'specls.enabledLanguages': ['javascript'] }, null, 2));
+        await page.keyboard.press('Control+S');
+        await sleep(500);
+        await page.keyboard.press('Escape'); // the settings editor may open as a modal
+        await page.keyboard.press('Control+W');
+        await sleep(300);
+        // back in the Python file: python is no longer enabled there
+        await page.locator('.explorer-folders-view .monaco-list-row', { hasText: env('E2E_FILE') }).first().click();
+        await page.locator(`.tab.active[data-resource-name="${env('E2E_FILE')}"]`).waitFor({ timeout: 10000 });
+        result.disabled_shown = await status
+            .locator('.codicon-circle-slash')
+            .waitFor({ timeout: 30000 })
+            .then(() => true)
+            .catch(() => false);
+        log(`after disabling python in the settings: ${JSON.stringify((await status.innerText()).trim())}, disabled icon ${result.disabled_shown}`);
         result.ok = true;
     } catch (e) {
         if (page) {

@@ -179,6 +179,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             const needsRestart = ['serverPath', 'teamServer', 'enabledLanguages'].some((k) =>
                 e.affectsConfiguration(`specls.${k}`),
             );
+            updateEnabledState();
+            output?.info(`settings changed${needsRestart ? ': restarting the client' : ''}`);
             if (needsRestart) {
                 await stopClient();
                 await startClient(context);
