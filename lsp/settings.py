@@ -46,7 +46,12 @@ def _snake(key: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
-_ALIASES = {"max_new_tokens": "max_tokens", "draft_length": "gamma", "enabled_languages": "languages"}
+_ALIASES = {
+    "max_new_tokens": "max_tokens",
+    "draft_length": "gamma",
+    "enabled_languages": "languages",
+    "token": "team_token",  # the team service reads {"token": ...} (specls.team.auth)
+}
 
 
 def _as_int(value: Any, lo: int, hi: int) -> int:
