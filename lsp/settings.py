@@ -36,7 +36,7 @@ class ServerSettings:
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
     multiline: str = "auto"  # auto | always | never
     team_token: str = ""  # for the team service (unused by the local server)
-    log_level: str = "info"  # error | warning | info | debug
+    log_level: str = "warning"  # error | warning | info | debug (logs go to stderr)
 
     def changed_engine_fields(self, other: ServerSettings) -> list[str]:
         return sorted(f for f in ENGINE_FIELDS if getattr(self, f) != getattr(other, f))

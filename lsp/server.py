@@ -1,0 +1,691 @@
+"""The specls language server (pygls): inline completions from an ``Engine``, text in, text out.
+
+- ``EngineHost``: one engine shared by every session (connection): its load state, its single worker
+  thread (generations and document updates run there, in order; the event loop never blocks) and the
+  server counters that ``specls/stats`` reports.
+- ``create_server(settings, engine)``: one session's ``LanguageServer``: documents, settings, and the
+  newest-request-wins bookkeeping. Pass ``host=`` to share an engine between sessions.
+
+Never stale: a result is computed for one document version and dropped (empty answer) when the
+document changed meanwhile. A didChange or a newer request for the same document, and
+``$/cancelRequest``, cancel the running generation at its next target pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
+from specls.decoder.api import CompletionRequest, CompletionResult, Engine
+from specls.lsp.documents import Document, DocumentStore, sanitize, window
+from specls.lsp.postprocess import Completion, finalize, make_context, stop_point
+from specls.lsp.settings import ServerSettings, parse_settings
+
+logger = logging.getLogger(__name__)
+
+SERVER_NAME = "specls"
+SERVER_VERSION = "0.1.0"
+STATS_METHOD = "specls/stats"
+ACCEPTED_METHOD = "specls/accepted"
+SHOWN_METHOD = "specls/shown"
+PREFIX_CHARS = 24_000  # text before the cursor handed to the engine (it builds its prompt from the end)
+SUFFIX_CHARS = 6_000
+CONTEXT_DOCS = 4  # other open buffers passed as context
+CONTEXT_DOC_CHARS = 32_000
+LATENCY_WINDOW = 2000  # latency samples kept for percentiles
+COMPLETION_TRIGGERS = [".", "(", "[", "{", ",", ":", "="]
+
+EngineFactory = Callable[[ServerSettings], Engine]
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | int]:
+    if not values:
+        return {"n": 0, "p50": 0.0, "p95": 0.0}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))], 2)
+
+    return {"n": len(ordered), "p50": pick(0.5), "p95": pick(0.95)}
+
+
+def _jsonable(value: Any) -> Any:
+    """Engine stats may hold numpy scalars or dataclasses: make them plain JSON values."""
+    return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    answered: int = 0  # results with an item
+    empty: int = 0  # empty results (not ready, no document, bad position, nothing useful generated)
+    not_ready: int = 0
+    cancelled: int = 0  # superseded by a newer keystroke/request, or $/cancelRequest
+    stale_dropped: int = 0  # finished, but the document had changed meanwhile
+    errors: int = 0
+    accepted: int = 0
+    shown: int = 0
+    engine_calls: int = 0
+    tokens_generated: int = 0
+    tokens_wasted: int = 0  # generated for results that were cancelled or stale
+    prefill_tokens: int = 0
+    prefix_reused_tokens: int = 0
+    completion_reuse_hits: int = 0
+    cache_hits: int = 0
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    keystroke_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def snapshot(self) -> dict[str, object]:
+        plain = {k: v for k, v in vars(self).items() if not isinstance(v, deque)}
+        calls = max(1, self.engine_calls)
+        plain["prefill_tokens_per_call"] = round(self.prefill_tokens / calls, 2)
+        plain["prefix_reuse_rate"] = round(self.prefix_reused_tokens / max(1, self.prefill_tokens), 4)
+        plain["completion_reuse_rate"] = round(self.completion_reuse_hits / calls, 4)
+        plain["cache_hit_rate"] = round(self.cache_hits / calls, 4)
+        plain["latency_ms"] = _percentiles(list(self.latency_ms))
+        plain["keystroke_to_result_ms"] = _percentiles(list(self.keystroke_ms))
+        return plain
+
+
+class EngineHost:
+    """One engine for every session: load once, run everything engine-side on one worker thread."""
+
+    def __init__(self, engine: Engine, factory: EngineFactory | None = None) -> None:
+        self.engine = engine
+        self.factory = factory
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="specls-engine"
+        )
+        self.state = "new"  # new | loading | ready | failed
+        self.error = ""
+        self.counters = Counters()
+        self.sessions = 0
+        self.team: Any = None  # specls.team.glue.TeamHooks when serving a team (specls serve --tcp)
+        self._lock = threading.Lock()
+        self._load: concurrent.futures.Future[None] | None = None
+        self._progress_listeners: list[Callable[[str, float], None]] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def configure(self, settings: ServerSettings) -> bool:
+        """Rebuild the engine for new engine-level settings; only possible before loading starts."""
+        with self._lock:
+            if self.state != "new" or self.factory is None:
+                return False
+            self.engine = self.factory(settings)
+            return True
+
+    def start_load(
+        self, progress: Callable[[str, float], None] | None = None
+    ) -> concurrent.futures.Future[None]:
+        """Start loading (once); every caller gets the same future."""
+        with self._lock:
+            if progress is not None:
+                self._progress_listeners.append(progress)
+            if self._load is None:
+                self.state = "loading"
+                self._load = self.executor.submit(self._do_load)
+            return self._load
+
+    def _report(self, message: str, fraction: float) -> None:
+        for listener in list(self._progress_listeners):
+            try:
+                listener(message, fraction)
+            except Exception:  # a listener of a closed session
+                logger.debug("progress listener failed", exc_info=True)
+
+    def _do_load(self) -> None:
+        started = time.monotonic()
+        try:
+            self.engine.load(self._report)
+            if not self.engine.ready:
+                raise RuntimeError("the engine finished loading but is not ready")
+        except Exception as exc:
+            self.error = str(exc) or type(exc).__name__
+            self.state = "failed"
+            logger.error("engine load failed: %s", self.error)
+            raise
+        finally:
+            self._progress_listeners.clear()
+        self.state = "ready"
+        logger.info("engine ready in %.1f s", time.monotonic() - started)
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        return self.executor.submit(fn)
+
+    def stats(self) -> dict[str, object]:
+        try:
+            engine_stats = _jsonable(self.engine.stats()) if self.ready else {}
+        except Exception as exc:
+            engine_stats = {"error": str(exc)}
+        return {
+            "engine": engine_stats,
+            "server": {
+                "state": self.state,
+                "error": self.error,
+                "sessions": self.sessions,
+                **self.counters.snapshot(),
+            },
+        }
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+@dataclass
+class Job:
+    """One completion request in flight for one document version."""
+
+    uri: str
+    version: int
+    started: float
+    keystroke: float
+    event: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""
+
+    def cancel(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.event.is_set()
+
+
+class SpeclsProtocol(LanguageServerProtocol):
+    """pygls' protocol without its own document workspace (we keep ours, with our UTF-16 handling and
+    our error policy) and with ``exit`` ending the session instead of the process."""
+
+    _server: SpeclsServer
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Any:
+        if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_OPEN)) is not None:
+            yield user_handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> Any:
+        if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CHANGE)) is not None:
+            yield user_handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams) -> Any:
+        if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CLOSE)) is not None:
+            yield user_handler, (params,), None
+
+    @lsp_method(types.EXIT)
+    def lsp_exit(self, *args: Any) -> Any:
+        self._server.session.exit_requested(clean=self._shutdown)
+        return None
+
+
+class SpeclsServer(LanguageServer):
+    session: Session
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        # pygls would pop up a showMessage for every internal error; log instead
+        logger.error("server error (%s): %s", getattr(source, "__name__", source), error)
+        try:
+            self.window_log_message(types.LogMessageParams(type=types.MessageType.Error, message=str(error)))
+        except Exception:
+            logger.debug("could not send logMessage", exc_info=True)
+
+
+_session_ids = itertools.count(1)
+
+
+class Session:
+    """One client connection: its documents, settings and in-flight jobs."""
+
+    def __init__(
+        self, server: SpeclsServer, settings: ServerSettings, host: EngineHost, doc_prefix: str
+    ) -> None:
+        self.server = server
+        self.settings = settings
+        self.host = host
+        self.doc_prefix = doc_prefix
+        self.store = DocumentStore()
+        self.jobs: dict[str, Job] = {}
+        self.reported: set[str] = set()
+        self.pending_problems: list[str] = []
+        self.load_failure_shown = False
+        self.exit_clean: bool | None = None
+        self.on_exit: Callable[[bool], None] | None = None
+        self._pending_updates: set[str] = set()
+        self._updates_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._progress_token: str | None = None
+        self.closed = False
+        self.team_engine: Any = None  # team mode: this client's fair-scheduled engine view
+
+    # ------------------------------------------------------------------ helpers
+    def doc_id(self, uri: str) -> str:
+        return f"{self.doc_prefix}{uri}"
+
+    def log(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
+        try:
+            self.server.window_log_message(types.LogMessageParams(type=kind, message=message))
+        except Exception:
+            logger.debug("could not send logMessage", exc_info=True)
+
+    def show(self, message: str, kind: types.MessageType) -> None:
+        try:
+            self.server.window_show_message(types.ShowMessageParams(type=kind, message=message))
+        except Exception:
+            logger.debug("could not send showMessage", exc_info=True)
+        self.log(message, kind)
+
+    def report_problems(self, problems: list[str]) -> None:
+        new = [p for p in problems if p not in self.reported]
+        if not new:
+            return
+        self.reported.update(new)
+        self.show("specls settings: " + "; ".join(new), types.MessageType.Warning)
+
+    def apply_settings(self, raw: object) -> None:
+        updated, problems = parse_settings(raw, self.settings)
+        changed = self.settings.changed_engine_fields(updated)
+        if changed and not self.host.configure(updated):
+            problems.append(f"{', '.join(changed)}: takes effect when the server restarts")
+        if updated.log_level != self.settings.log_level:
+            logging.getLogger("specls").setLevel(updated.log_level.upper())
+        self.settings = updated
+        if self._loop is None:
+            self.pending_problems.extend(problems)  # reported once initialized
+        else:
+            self.report_problems(problems)
+
+    # ------------------------------------------------------------------ lifecycle
+    def initialize(self, params: types.InitializeParams) -> None:
+        if self.host.team is not None:  # team service: token check (raises a JSON-RPC error), fair queue
+            self.team_engine = self.host.team.open(self, params.initialization_options)
+        self.apply_settings(params.initialization_options)
+
+    async def initialized(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.pending_problems:
+            problems, self.pending_problems = self.pending_problems, []
+            self.report_problems(problems)
+        caps = self.server.client_capabilities
+        use_progress = bool(caps and caps.window and caps.window.work_done_progress)
+        token: str | None = None
+        if use_progress and self.host.state in ("new", "loading"):
+            token = f"specls-load-{id(self)}"
+            try:
+                await self.server.work_done_progress.create_async(token)
+                self.server.work_done_progress.begin(
+                    token, types.WorkDoneProgressBegin(title="specls: loading model", percentage=0)
+                )
+            except Exception as exc:
+                logger.info("client refused work done progress: %s", exc)
+                token = None
+        self._progress_token = token
+        load = self.host.start_load(self._progress if token else None)
+        asyncio.wrap_future(load).add_done_callback(self._load_done)
+
+    def _progress(self, message: str, fraction: float) -> None:
+        """Called on the engine thread."""
+        loop, token = self._loop, self._progress_token
+        if loop is None or token is None or self.closed:
+            return
+        pct = int(max(0.0, min(1.0, fraction)) * 100)
+        value = types.WorkDoneProgressReport(message=message, percentage=pct)
+        loop.call_soon_threadsafe(self._send_progress, token, value)
+
+    def _send_progress(self, token: str, value: Any) -> None:
+        if not self.closed:
+            try:
+                if isinstance(value, types.WorkDoneProgressEnd):
+                    self.server.work_done_progress.end(token, value)
+                else:
+                    self.server.work_done_progress.report(token, value)
+            except Exception:
+                logger.debug("progress notification failed", exc_info=True)
+
+    def _load_done(self, future: asyncio.Future[None]) -> None:
+        if self._progress_token is not None:
+            msg = "ready" if self.host.ready else "failed"
+            self._send_progress(self._progress_token, types.WorkDoneProgressEnd(message=msg))
+            self._progress_token = None
+        if self.closed:
+            return
+        if self.host.state == "failed":
+            self.show_load_failure()
+        else:
+            self.log("specls: model loaded")
+            for uri in self.store.uris():  # documents opened while loading
+                self.schedule_update(uri)
+
+    def show_load_failure(self) -> None:
+        if not self.load_failure_shown:
+            self.load_failure_shown = True
+            self.show(f"specls: the model could not be loaded: {self.host.error}", types.MessageType.Error)
+
+    def shutdown(self) -> None:
+        for job in self.jobs.values():
+            job.cancel("shutdown")
+
+    def exit_requested(self, clean: bool) -> None:
+        self.exit_clean = clean
+        if self.on_exit is not None:
+            self.on_exit(clean)
+
+    def close(self) -> None:
+        """The connection is gone: cancel work and drop this session's documents from the engine."""
+        if self.closed:
+            return
+        self.closed = True
+        self.shutdown()
+        if self.team_engine is not None:
+            self.team_engine.close()  # cancels its queued/running requests, frees its documents' KV
+        for uri in self.store.uris():
+            self.store.close(uri)
+            doc_id = self.doc_id(uri)
+            self.host.submit(partial(self._engine_close, doc_id))
+        self.host.sessions -= 1
+
+    # ------------------------------------------------------------------ documents
+    def did_open(self, params: types.DidOpenTextDocumentParams) -> None:
+        item = params.text_document
+        self.store.open(item.uri, item.language_id, item.version, item.text)
+        self.schedule_update(item.uri)
+
+    def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        job = self.jobs.get(uri)
+        if job is not None:
+            job.cancel("changed")
+        try:
+            doc = self.store.change(uri, params.text_document.version, params.content_changes)
+        except Exception:
+            logger.exception("could not apply a change to %s", uri)
+            return
+        if doc is not None:
+            self.schedule_update(uri)
+
+    def did_close(self, params: types.DidCloseTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        job = self.jobs.pop(uri, None)
+        if job is not None:
+            job.cancel("closed")
+        if self.store.close(uri) is not None:
+            self.host.submit(partial(self._engine_close, self.doc_id(uri)))
+
+    def schedule_update(self, uri: str) -> None:
+        """Tell the engine a buffer's text, coalescing bursts: one queued update per document, and
+        it reads the newest text when it runs."""
+        if not self.host.ready:
+            return  # sent for every open document once the engine is loaded
+        with self._updates_lock:
+            if uri in self._pending_updates:
+                return
+            self._pending_updates.add(uri)
+        self.host.submit(partial(self._engine_update, uri))
+
+    def _engine_update(self, uri: str) -> None:
+        with self._updates_lock:
+            self._pending_updates.discard(uri)
+        doc = self.store.get(uri)
+        if doc is None or self.closed:
+            return
+        try:
+            self.host.engine.update_document(self.doc_id(uri), sanitize(doc.engine_text()))
+        except Exception:
+            logger.exception("engine.update_document failed for %s", uri)
+
+    def _engine_close(self, doc_id: str) -> None:
+        try:
+            self.host.engine.close_document(doc_id)
+        except Exception:
+            logger.exception("engine.close_document failed for %s", doc_id)
+
+    # ------------------------------------------------------------------ completions
+    async def complete(self, uri: str, line: int, character: int) -> tuple[Completion, Document, int] | None:
+        """The completion at a cursor, or None (empty answer). Cancelled by $/cancelRequest through
+        asyncio task cancellation."""
+        counters = self.host.counters
+        counters.requests += 1
+        started = time.monotonic()
+        previous = self.jobs.get(uri)
+        if previous is not None:
+            previous.cancel("superseded")
+        doc = self.store.get(uri)
+        if not self.host.ready:
+            counters.not_ready += 1
+            counters.empty += 1
+            if self.host.state == "failed":
+                self.show_load_failure()
+            return None
+        if doc is None or (self.settings.languages and doc.language_id not in self.settings.languages):
+            counters.empty += 1
+            return None
+        offset = doc.offset_at(line, character)
+        if offset is None:
+            counters.empty += 1
+            return None
+        job = Job(uri=uri, version=doc.version, started=started, keystroke=doc.changed_at)
+        self.jobs[uri] = job
+        try:
+            result = await self._run(job, doc, offset)
+        except asyncio.CancelledError:
+            job.cancel("client")
+            counters.cancelled += 1
+            raise
+        finally:
+            if self.jobs.get(uri) is job:
+                del self.jobs[uri]
+        done = time.monotonic()
+        counters.latency_ms.append((done - started) * 1000)
+        if result is None:
+            counters.empty += 1
+            return None
+        counters.answered += 1
+        counters.keystroke_ms.append((done - job.keystroke) * 1000)
+        return result, doc, offset
+
+    async def _run(self, job: Job, doc: Document, offset: int) -> Completion | None:
+        counters = self.host.counters
+        if self.settings.debounce_ms > 0:
+            await asyncio.sleep(self.settings.debounce_ms / 1000)
+            if job.cancelled or doc.version != job.version:
+                counters.cancelled += 1
+                return None
+        text = doc.text
+        prefix = sanitize(text[max(0, offset - PREFIX_CHARS) : offset])
+        suffix = sanitize(text[offset : offset + SUFFIX_CHARS])
+        ctx = make_context(prefix, suffix, self.settings.multiline, doc.language_id)
+        others = tuple(
+            (self.doc_id(d.uri), sanitize(window(d.text, d.last_edit, CONTEXT_DOC_CHARS)))
+            for d in self.store.others(doc.uri, CONTEXT_DOCS)
+        )
+        request = CompletionRequest(
+            doc_id=self.doc_id(doc.uri),
+            prefix=prefix,
+            suffix=suffix,
+            max_tokens=self.settings.max_tokens,
+            language=doc.language_id,
+            stop=partial(stop_point, ctx),
+            context_docs=others,
+        )
+        submit = self.host.team.submit if self.team_engine is not None else self.host.submit
+        result: CompletionResult | None = await asyncio.wrap_future(
+            submit(partial(self._generate, request, job))
+        )
+        if result is None:  # cancelled before it started
+            counters.cancelled += 1
+            return None
+        counters.engine_calls += 1
+        counters.tokens_generated += result.tokens
+        counters.prefill_tokens += result.prefill_tokens
+        counters.prefix_reused_tokens += result.prefix_reused_tokens
+        counters.completion_reuse_hits += int(result.completion_reuse)
+        counters.cache_hits += int(result.cache_hit)
+        if result.stop_reason == "error":
+            counters.errors += 1
+            return None
+        if job.cancelled or result.cancelled:
+            counters.cancelled += 1
+            counters.tokens_wasted += result.tokens
+            return None
+        current = self.store.get(doc.uri)
+        if current is not doc or doc.version != job.version:
+            counters.stale_dropped += 1
+            counters.tokens_wasted += result.tokens
+            return None
+        return finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
+
+    def _generate(self, request: CompletionRequest, job: Job) -> CompletionResult | None:
+        """On the engine thread."""
+        if job.cancelled or self.closed:
+            return None
+        if self.host.team is not None and self.team_engine is None:
+            return None  # team mode and not authenticated
+        engine = self.team_engine if self.team_engine is not None else self.host.engine
+        try:
+            return engine.complete(request, job.event.is_set)
+        except Exception as exc:
+            logger.exception("engine.complete failed")
+            logger.debug("engine error: %s", exc)
+            return CompletionResult(text="", stop_reason="error")
+
+    def stats(self) -> dict[str, object]:
+        stats = self.host.stats()
+        stats["session"] = {"open_documents": len(self.store), "in_flight": len(self.jobs)}
+        if self.host.team is not None:
+            stats["team"] = self.host.team.stats()
+        return stats
+
+
+def _completion_range(doc: Document, offset: int, completion: Completion) -> types.Range:
+    line, character = doc.position_at(offset)
+    end_line, end_char = doc.position_at(offset + completion.replace)
+    return types.Range(
+        start=types.Position(line=line, character=character),
+        end=types.Position(line=end_line, character=end_char),
+    )
+
+
+def _insert_text(doc: Document, offset: int, text: str) -> str:
+    line, _ = doc.position_at(offset)
+    start, end = doc.line_bounds(line)
+    if doc.text.startswith("\r\n", end):  # keep the buffer's line endings
+        return text.replace("\r\n", "\n").replace("\n", "\r\n")
+    return text
+
+
+def create_server(
+    settings: ServerSettings,
+    engine: Engine,
+    host: EngineHost | None = None,
+    factory: EngineFactory | None = None,
+) -> LanguageServer:
+    """One session's language server. ``host``: share an already created ``EngineHost`` (one engine for
+    many connections); otherwise a new one is made for ``engine`` (``factory`` rebuilds it when the
+    client's initializationOptions change engine-level settings before loading)."""
+    host = host or EngineHost(engine, factory)
+    server = SpeclsServer(
+        SERVER_NAME,
+        SERVER_VERSION,
+        protocol_cls=SpeclsProtocol,
+        text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+    )
+    session_no = next(_session_ids)
+    host.sessions += 1
+    doc_prefix = "" if host.sessions == 1 and session_no == 1 else f"s{session_no}|"
+    session = Session(server, settings, host, doc_prefix)
+    server.session = session
+
+    @server.feature(types.INITIALIZE)
+    def on_initialize(params: types.InitializeParams) -> None:
+        session.initialize(params)
+
+    @server.feature(types.INITIALIZED)
+    async def on_initialized(params: types.InitializedParams) -> None:
+        await session.initialized()
+
+    @server.feature(types.SHUTDOWN)
+    def on_shutdown(params: Any) -> None:
+        session.shutdown()
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def on_configuration(params: types.DidChangeConfigurationParams) -> None:
+        session.apply_settings(params.settings)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def on_open(params: types.DidOpenTextDocumentParams) -> None:
+        session.did_open(params)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def on_change(params: types.DidChangeTextDocumentParams) -> None:
+        session.did_change(params)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def on_close(params: types.DidCloseTextDocumentParams) -> None:
+        session.did_close(params)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def on_inline(params: types.InlineCompletionParams) -> types.InlineCompletionList:
+        pos = params.position
+        found = await session.complete(params.text_document.uri, pos.line, pos.character)
+        if found is None:
+            return types.InlineCompletionList(items=[])
+        completion, doc, offset = found
+        item = types.InlineCompletionItem(
+            insert_text=_insert_text(doc, offset, completion.text),
+            range=_completion_range(doc, offset, completion),
+        )
+        return types.InlineCompletionList(items=[item])
+
+    @server.feature(
+        types.TEXT_DOCUMENT_COMPLETION,
+        types.CompletionOptions(trigger_characters=COMPLETION_TRIGGERS, resolve_provider=False),
+    )
+    async def on_completion(params: types.CompletionParams) -> types.CompletionList:
+        pos = params.position
+        found = await session.complete(params.text_document.uri, pos.line, pos.character)
+        if found is None:
+            return types.CompletionList(is_incomplete=True, items=[])
+        completion, doc, offset = found
+        text = _insert_text(doc, offset, completion.text)
+        first_line = text.strip().splitlines()[0] if text.strip() else text
+        label = first_line if len(first_line) <= 60 else first_line[:57] + "..."
+        item = types.CompletionItem(
+            label=label,
+            kind=types.CompletionItemKind.Snippet,
+            detail="specls",
+            sort_text="0",
+            insert_text_format=types.InsertTextFormat.PlainText,
+            text_edit=types.TextEdit(range=_completion_range(doc, offset, completion), new_text=text),
+        )
+        return types.CompletionList(is_incomplete=True, items=[item])
+
+    @server.feature(STATS_METHOD)
+    def on_stats(params: Any) -> dict[str, object]:
+        return session.stats()
+
+    @server.feature(ACCEPTED_METHOD)
+    def on_accepted(params: Any) -> None:
+        session.host.counters.accepted += 1
+
+    @server.feature(SHOWN_METHOD)
+    def on_shown(params: Any) -> None:
+        session.host.counters.shown += 1
+
+    return server

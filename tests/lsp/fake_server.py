@@ -1,0 +1,129 @@
+"""Test-only server entry point: ``create_server`` with a deterministic fake Engine.
+
+Run as ``python tests/lsp/fake_server.py [--tcp PORT]``. Behaviour from the environment:
+SPECLS_FAKE_LOAD_MS (load time), SPECLS_FAKE_FAIL_LOAD (load raises EngineError with this text),
+SPECLS_FAKE_PASS_MS (time per "target pass"), SPECLS_FAKE_TOKENS (passes per completion).
+
+The completion for a request is ``fake_completion(prefix)``: a function of the text before the cursor,
+so a test can tell which document version an answer was computed for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+from specls.decoder.api import CancelCheck, CompletionRequest, CompletionResult, EngineError, never_cancelled
+from specls.lsp.server import EngineHost, create_server
+from specls.lsp.settings import ServerSettings
+
+
+def fake_completion(prefix: str) -> str:
+    return f"_{len(prefix)}_{zlib.crc32(prefix.encode('utf-8', 'replace')) % 9973}"
+
+
+class FakeEngine:
+    def __init__(self, load_ms: float = 0, fail: str = "", pass_ms: float = 0, tokens: int = 4) -> None:
+        self.load_ms = load_ms
+        self.fail = fail
+        self.pass_ms = pass_ms
+        self.tokens = max(1, tokens)
+        self._ready = False
+        self.lock = threading.Lock()
+        self.counts = {"complete": 0, "cancelled_seen": 0, "updates": 0, "closes": 0, "loads": 0}
+        self.docs: dict[str, str] = {}
+
+    def load(self, progress: Callable[[str, float], None] | None = None) -> None:
+        self.counts["loads"] += 1
+        steps = 4
+        for i in range(steps):
+            if progress:
+                progress(f"step {i}", i / steps)
+            time.sleep(self.load_ms / 1000 / steps)
+        if self.fail:
+            raise EngineError(self.fail)
+        self._ready = True
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def update_document(self, doc_id: str, text: str) -> None:
+        with self.lock:
+            self.counts["updates"] += 1
+            self.docs[doc_id] = text
+
+    def close_document(self, doc_id: str) -> None:
+        with self.lock:
+            self.counts["closes"] += 1
+            self.docs.pop(doc_id, None)
+
+    def complete(
+        self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
+    ) -> CompletionResult:
+        self.counts["complete"] += 1
+        full = fake_completion(request.prefix)
+        # reveal the text over self.tokens passes
+        step = max(1, -(-len(full) // self.tokens))
+        text = ""
+        passes = 0
+        for start in range(0, len(full), step):
+            passes += 1
+            if self.pass_ms:
+                time.sleep(self.pass_ms / 1000)
+            if cancelled():
+                self.counts["cancelled_seen"] += 1
+                return CompletionResult(text=text, tokens=passes, stop_reason="cancelled", cancelled=True)
+            text = full[: start + step]
+            if request.stop is not None:
+                keep = request.stop(text)
+                if keep is not None:
+                    return CompletionResult(text=text[:keep], tokens=passes, stop_reason="stop")
+        return CompletionResult(
+            text=text, tokens=passes, stop_reason="eos", prefill_tokens=len(request.prefix)
+        )
+
+    def stats(self) -> dict[str, object]:
+        with self.lock:
+            return {**self.counts, "docs": sorted(self.docs)}
+
+
+def engine_from_env() -> FakeEngine:
+    env = os.environ
+    return FakeEngine(
+        load_ms=float(env.get("SPECLS_FAKE_LOAD_MS", "0")),
+        fail=env.get("SPECLS_FAKE_FAIL_LOAD", ""),
+        pass_ms=float(env.get("SPECLS_FAKE_PASS_MS", "0")),
+        tokens=int(env.get("SPECLS_FAKE_TOKENS", "4")),
+    )
+
+
+def main(argv: list[str]) -> int:
+    import logging
+
+    logging.basicConfig(level=os.environ.get("SPECLS_FAKE_LOG", "WARNING"), stream=sys.stderr)
+    from specls.lsp.transport import serve_stdio, serve_tcp
+
+    settings = ServerSettings()
+    if len(argv) >= 2 and argv[0] == "--tcp":
+        port = int(argv[1])
+        host = EngineHost(engine_from_env())
+        host.start_load()
+
+        def ready(bound: int) -> None:
+            print(f"listening {bound}", file=sys.stderr, flush=True)
+
+        asyncio.run(
+            serve_tcp(host, lambda h: create_server(settings, h.engine, host=h), "127.0.0.1", port, ready)
+        )
+        return 0
+    return serve_stdio(create_server(settings, engine_from_env()))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
