@@ -45,6 +45,7 @@ def test_vscode_ghost_text_and_tab(
     workspace.mkdir()
     source = workspace / "fib.py"
     source.write_text(PY_SOURCE)
+    (workspace / "notes.txt").write_text("plain text: no completions here\n")
     result_path = tmp_path / "result.json"
     env = clean_env(tmp_path / "env")
     env.update(
@@ -53,6 +54,7 @@ def test_vscode_ghost_text_and_tab(
         CHROMIUM=str(editors.chromium),
         VSIX=str(editors.vsix),
         SPECLS_BIN=str(specls_bin),
+        E2E_OTHER_FILE="notes.txt",
         E2E_WORKSPACE=str(workspace),
         E2E_FILE=source.name,
         E2E_TYPE=PY_TYPED,
@@ -95,8 +97,9 @@ def test_vscode_ghost_text_and_tab(
     assert re.search(r"draft acceptance rate: \d+(\.\d)?%", tooltip), tooltip
     assert re.search(r"p50 latency: \d+ ms", tooltip), tooltip
     assert re.search(r"suggestions accepted: [1-9]\d* of [1-9]", tooltip), tooltip
-    # enabledLanguages changed in settings.json while running: the status shows the language as disabled
+    # a plain-text file (not in specls.enabledLanguages): disabled there, ready again in the Python file
     assert result["disabled_shown"] is True
+    assert result["ready_again"] is True
 
 
 def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None:
