@@ -56,7 +56,6 @@ def run_nvim(
     )
     result = load_result(result_path, output)
     print(f"[{name}] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log")))
-    (tmp / "env" / "state").mkdir(parents=True, exist_ok=True)
     keep_artifact(tmp / "env" / "state" / "nvim" / "lsp.log", f"{name}-lsp.log")
     assert result.get("ok"), (
         f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"

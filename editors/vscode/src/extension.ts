@@ -118,8 +118,14 @@ async function startClient(context: vscode.ExtensionContext): Promise<void> {
     const c = new LanguageClient('specls', 'specls', server, clientOptions);
     client = c;
     c.onDidChangeState((e) => {
+        if (client !== c) {
+            return; // an old client being stopped for a restart
+        }
         if (e.newState === State.Stopped) {
             status?.setError('server stopped (see the specls log)');
+        } else if (e.newState === State.Running) {
+            status?.setReady(); // also after the client restarted a crashed server
+            void pollStats();
         }
     });
     try {
@@ -194,7 +200,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     );
     statsTimer = setInterval(() => void pollStats(), 5000);
     context.subscriptions.push({ dispose: () => clearInterval(statsTimer) });
-    await startClient(context);
+    // not awaited: activation does not wait for the server (errors end up in the status bar and log)
+    void startClient(context);
 }
 
 export async function deactivate(): Promise<void> {
