@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV_FILE = REPO / ".cache" / "editors.env"
 ARTIFACTS = REPO / "test-artifacts"
 # Ghost text must appear within this (the first completion includes the model load on a busy 2-core box).
-GHOST_TIMEOUT_S = float(os.environ.get("SPECLS_E2E_GHOST_TIMEOUT", "150"))
+GHOST_TIMEOUT_S = float(os.environ.get("SPECLS_E2E_GHOST_TIMEOUT", "90"))
 
 # A Python buffer whose continuation is unambiguous for a code model.
 PY_SOURCE = "def add(a, b):\n"
