@@ -445,13 +445,17 @@ def _bench_team(args: argparse.Namespace) -> int:
         eng = after.get("engine") or {}
         eng0 = before.get("engine") or {}
         if eng:
-            print(
-                f"engine documents        {eng0.get('documents')} before / {eng.get('documents')} after "
-                f"(kv tokens {eng0.get('kv_tokens')} / {eng.get('kv_tokens')})"
-            )
-            print(
-                f"engine acceptance       {eng.get('acceptance')}  tokens/pass {eng.get('tokens_per_pass')}"
-            )
+            docs0 = eng0.get("documents", eng0.get("open_documents"))
+            docs1 = eng.get("documents", eng.get("open_documents"))
+            print(f"engine documents        {docs0} before / {docs1} after clients left")
+            if "kv_tokens" in eng:
+                print(
+                    f"engine KV tokens        {eng0.get('kv_tokens')} before / {eng.get('kv_tokens')} after"
+                )
+            if "acceptance" in eng:
+                print(
+                    f"engine acceptance       {eng.get('acceptance'):.3f}  tokens/pass {eng.get('tokens_per_pass'):.2f}"
+                )
         if args.json:
             print(json.dumps({"team": team, "engine": eng}, default=str))
     return 0 if not any(s.errors for s in stats) else 1

@@ -36,7 +36,6 @@ def add_engine_arguments(p: argparse.ArgumentParser, model_args: bool = True) ->
         g.add_argument("--draft", default=None, help="draft model directory (default: bundled)")
         g.add_argument("--no-draft-model", action="store_true", help="prompt lookup only")
         g.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all)")
-        g.add_argument("--kv-documents", type=int, default=64, help="documents whose KV caches are kept")
     g.add_argument("--remote-url", default=None, help="base URL of the remote /v1/completions server")
     g.add_argument("--remote-model", default="", help="model name to request (default: first listed)")
     g.add_argument(
@@ -60,6 +59,9 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--require-token", action="store_true", help="require tokens even on a loopback address")
     g.add_argument("--metrics-port", type=int, default=None, help="serve /metrics and /healthz on this port")
     g.add_argument("--metrics-host", default="127.0.0.1", help="address of the metrics endpoint")
+    g.add_argument(
+        "--kv-documents", type=int, default=64, help="in-process engine: documents whose KV caches are kept"
+    )
     g.add_argument("--max-queue", type=int, default=64, help="queued requests over all clients")
     g.add_argument("--per-client-queue", type=int, default=4, help="queued requests per client")
     g.add_argument("--no-load-aware", action="store_true", help="never cap speculation under load")
@@ -99,6 +101,18 @@ def engine_override_from_args(args: argparse.Namespace) -> Engine | None:
     if getattr(args, "engine", "onnx") == "onnx":
         return None
     return engine_from_args(args)
+
+
+def tune_for_team(engine: Engine, args: argparse.Namespace) -> Engine:
+    """A shared server keeps KV caches for many more documents than one editor needs (the in-process
+    engine's default is sized for one user)."""
+    from dataclasses import replace
+
+    from specls.engine import OnnxEngine
+
+    if isinstance(engine, OnnxEngine) and not engine.ready:
+        return OnnxEngine(replace(engine.settings, kv_documents=max(1, args.kv_documents)))
+    return engine
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
