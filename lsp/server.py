@@ -82,8 +82,8 @@ class Counters:
     engine_calls: int = 0
     tokens_generated: int = 0
     tokens_wasted: int = 0  # generated for results that were cancelled or stale
-    prefill_tokens: int = 0
-    prefix_reused_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens run through the target (not reused)
+    prefix_reused_tokens: int = 0  # prompt tokens whose KV came from the previous request
     completion_reuse_hits: int = 0
     cache_hits: int = 0
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
@@ -93,7 +93,8 @@ class Counters:
         plain = {k: v for k, v in vars(self).items() if not isinstance(v, deque)}
         calls = max(1, self.engine_calls)
         plain["prefill_tokens_per_call"] = round(self.prefill_tokens / calls, 2)
-        plain["prefix_reuse_rate"] = round(self.prefix_reused_tokens / max(1, self.prefill_tokens), 4)
+        prompt = self.prefix_reused_tokens + self.prefill_tokens
+        plain["prefix_reuse_rate"] = round(self.prefix_reused_tokens / max(1, prompt), 4)
         plain["completion_reuse_rate"] = round(self.completion_reuse_hits / calls, 4)
         plain["cache_hit_rate"] = round(self.cache_hits / calls, 4)
         plain["latency_ms"] = _percentiles(list(self.latency_ms))
@@ -485,8 +486,7 @@ class Session:
         try:
             result = await self._run(job, doc, offset)
         except asyncio.CancelledError:
-            job.cancel("client")
-            counters.cancelled += 1
+            job.cancel("client")  # counted when the generation returns (_account)
             raise
         finally:
             if self.jobs.get(uri) is job:
@@ -525,12 +525,27 @@ class Session:
             context_docs=others,
         )
         submit = self.host.team.submit if self.team_engine is not None else self.host.submit
-        result: CompletionResult | None = await asyncio.wrap_future(
-            submit(partial(self._generate, request, job))
-        )
-        if result is None:  # cancelled before it started
-            counters.cancelled += 1
+        future = submit(partial(self._generate, request, job))
+        loop = asyncio.get_running_loop()
+        # account on the loop thread, also for generations whose request was cancelled meanwhile
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._account, f, job))
+        result: CompletionResult | None = await asyncio.wrap_future(future)
+        if result is None or result.stop_reason == "error" or job.cancelled or result.cancelled:
             return None
+        current = self.store.get(doc.uri)
+        if current is not doc or doc.version != job.version:
+            counters.stale_dropped += 1
+            counters.tokens_wasted += result.tokens
+            return None
+        return finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
+
+    def _account(self, future: concurrent.futures.Future[CompletionResult | None], job: Job) -> None:
+        counters = self.host.counters
+        if future.cancelled() or future.exception() is not None or future.result() is None:
+            counters.cancelled += 1  # never reached the engine
+            return
+        result = future.result()
+        assert result is not None
         counters.engine_calls += 1
         counters.tokens_generated += result.tokens
         counters.prefill_tokens += result.prefill_tokens
@@ -539,17 +554,9 @@ class Session:
         counters.cache_hits += int(result.cache_hit)
         if result.stop_reason == "error":
             counters.errors += 1
-            return None
-        if job.cancelled or result.cancelled:
+        elif job.cancelled or result.cancelled:
             counters.cancelled += 1
             counters.tokens_wasted += result.tokens
-            return None
-        current = self.store.get(doc.uri)
-        if current is not doc or doc.version != job.version:
-            counters.stale_dropped += 1
-            counters.tokens_wasted += result.tokens
-            return None
-        return finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
 
     def _generate(self, request: CompletionRequest, job: Job) -> CompletionResult | None:
         """On the engine thread."""

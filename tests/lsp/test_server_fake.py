@@ -168,7 +168,7 @@ async def test_cancel_request_mid_generation():
         async def engine_saw_cancel() -> dict:
             while True:
                 s = await stats(client)
-                if s["engine"]["cancelled_seen"] >= 1:
+                if s["engine"]["cancelled_seen"] >= 1 and s["server"]["cancelled"] >= 1:
                     return s
                 await asyncio.sleep(0.02)
 

@@ -1,0 +1,397 @@
+"""``specls bench lsp``: type held-out real files into ``specls serve`` through a real LSP client.
+
+Picks files from the stdlib test directories (held out from training; seeded choice), cuts a region of
+whole lines out of each, opens the rest and types the region back character by character over stdio:
+one ``didChange`` per keystroke, an ``textDocument/inlineCompletion`` after a short debounce (as
+editors do), and ``$/cancelRequest`` for a request still in flight when the next key arrives. Typing
+speed varies (seeded) and pauses at line ends, where a suggestion has time to arrive.
+
+Prints keystroke->result latency p50/p95 (client side: from the keystroke's didChange to the answer of
+the request it triggered), answered/served/cancelled counts, and the server's counters from
+``specls/stats``: prefill tokens per request, prefix-reuse and completion-reuse rates, tokens wasted by
+cancellation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CANCELLED = -32800
+
+
+@dataclass(frozen=True)
+class LspBenchSettings:
+    files: int = 3
+    chars: int = 160  # characters typed per file (whole lines, about)
+    seed: int = 0
+    debounce_ms: float = 50.0  # editor-side debounce before asking
+    min_key_ms: float = 40.0  # fastest and slowest gap between keystrokes
+    max_key_ms: float = 220.0
+    line_pause_ms: float = 400.0  # pause after Enter (reading the suggestion)
+    threads: int = 1
+    max_tokens: int = 32
+    server: tuple[str, ...] = ()  # extra `specls serve` arguments (--model, --draft, --no-draft)
+    timeout_s: float = 120.0
+
+
+@dataclass
+class Tally:
+    keystrokes: int = 0
+    requests: int = 0
+    answered: int = 0  # a response, possibly empty
+    served: int = 0  # a response with a suggestion
+    cancel_sent: int = 0
+    cancelled: int = 0  # came back as RequestCancelled
+    errors: list[str] = field(default_factory=list)
+    latency_ms: list[float] = field(default_factory=list)  # keystroke -> answer (answered ones)
+    served_latency_ms: list[float] = field(default_factory=list)
+    request_ms: list[float] = field(default_factory=list)  # request sent -> answer
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def _utf16_len(s: str) -> int:
+    return len(s.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def pick_regions(settings: LspBenchSettings) -> list[tuple[str, str, str]]:
+    """(name, text without the region, region) for seeded held-out files."""
+    from specls.models.data import read_source, split_corpus
+
+    split = split_corpus()
+    rng = random.Random(settings.seed)
+    candidates = list(split.heldout)
+    rng.shuffle(candidates)
+    out: list[tuple[str, str, str]] = []
+    for path in candidates:
+        if len(out) >= settings.files:
+            break
+        text = read_source(path)
+        if not text or len(text) < 4 * settings.chars or len(text) > 400_000 or "\r" in text:
+            continue
+        lines = text.split("\n")
+        start = rng.randrange(len(lines) // 4, max(len(lines) // 4 + 1, len(lines) - 40))
+        end = start
+        size = 0
+        while end < len(lines) and size < settings.chars:
+            size += len(lines[end]) + 1
+            end += 1
+        region = "\n".join(lines[start:end]) + "\n"
+        if not region.strip() or len(region) > 3 * settings.chars:
+            continue
+        before = "\n".join(lines[:start]) + ("\n" if start else "")
+        after = "\n".join(lines[end:])
+        out.append((str(path.relative_to(split.root)), before + "\x00" + after, region))  # \x00: the cursor
+    return out
+
+
+async def _type_file(
+    client: Any, uri: str, text: str, region: str, s: LspBenchSettings, tally: Tally
+) -> None:
+    from lsprotocol import types
+    from pygls.exceptions import JsonRpcException
+
+    before, after = text.split("\x00")
+    doc = before + after
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=doc)
+        )
+    )
+    rng = random.Random(f"{s.seed}:{uri}")
+    line = before.count("\n")
+    col = _utf16_len(before.rsplit("\n", 1)[-1])
+    version = 1
+    inflight: dict[str, tuple[asyncio.Future[Any], float, float]] = {}  # id -> (future, key time, sent)
+    pending_timer: asyncio.TimerHandle | None = None
+    seq = 0
+    loop = asyncio.get_running_loop()
+    done: list[asyncio.Future[None]] = []
+
+    async def finish(msg_id: str, fut: asyncio.Future[Any], key_t: float, sent_t: float) -> None:
+        try:
+            result = await asyncio.wait_for(fut, s.timeout_s)
+        except JsonRpcException as exc:
+            if getattr(exc, "code", None) == CANCELLED or "cancel" in str(exc).lower():
+                tally.cancelled += 1
+            else:
+                tally.errors.append(str(exc))
+            return
+        except TimeoutError:
+            tally.errors.append(f"request {msg_id} timed out")
+            return
+        finally:
+            inflight.pop(msg_id, None)
+        now = time.perf_counter()
+        tally.answered += 1
+        tally.latency_ms.append((now - key_t) * 1000)
+        tally.request_ms.append((now - sent_t) * 1000)
+        items = [] if result is None else list(getattr(result, "items", result) or [])
+        if items:
+            tally.served += 1
+            tally.served_latency_ms.append((now - key_t) * 1000)
+
+    def ask(key_t: float, ln: int, ch: int) -> None:
+        nonlocal seq
+        seq += 1
+        msg_id = f"b{seq}"
+        params = types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=ln, character=ch),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+        )
+        fut = asyncio.wrap_future(
+            client.protocol.send_request(types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
+        )
+        sent = time.perf_counter()
+        inflight[msg_id] = (fut, key_t, sent)
+        tally.requests += 1
+        done.append(asyncio.ensure_future(finish(msg_id, fut, key_t, sent)))
+
+    for ch in region:
+        # a new keystroke: the editor cancels what is in flight and restarts its debounce
+        if pending_timer is not None:
+            pending_timer.cancel()
+        for msg_id in list(inflight):
+            client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+            tally.cancel_sent += 1
+        version += 1
+        pos = types.Position(line=line, character=col)
+        client.text_document_did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                content_changes=[
+                    types.TextDocumentContentChangePartial(range=types.Range(start=pos, end=pos), text=ch)
+                ],
+            )
+        )
+        key_t = time.perf_counter()
+        tally.keystrokes += 1
+        if ch == "\n":
+            line, col = line + 1, 0
+        else:
+            col += _utf16_len(ch)
+        pending_timer = loop.call_later(s.debounce_ms / 1000, ask, key_t, line, col)
+        gap = rng.uniform(s.min_key_ms, s.max_key_ms) + (s.line_pause_ms if ch == "\n" else 0.0)
+        await asyncio.sleep(gap / 1000)
+    await asyncio.sleep(s.debounce_ms / 1000 + 0.01)
+    if done:
+        await asyncio.gather(*done)
+    client.text_document_did_close(
+        types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
+    )
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "_asdict"):
+        return {k: _plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
+    from lsprotocol import types
+    from pygls.lsp.client import LanguageClient
+
+    regions = pick_regions(s)
+    if not regions:
+        raise RuntimeError("no held-out files found (stdlib test directories)")
+    cmd = [
+        sys.executable,
+        "-m",
+        "specls",
+        "serve",
+        "--threads",
+        str(s.threads),
+        "--max-tokens",
+        str(s.max_tokens),
+    ]
+    cmd += list(s.server)
+    client = LanguageClient("specls-bench", "0.1.0")
+    messages: list[str] = []
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def _log(params: types.LogMessageParams) -> None:
+        messages.append(params.message)
+
+    @client.feature(types.WINDOW_SHOW_MESSAGE)
+    def _show(params: types.ShowMessageParams) -> None:
+        messages.append(params.message)
+
+    await client.start_io(*cmd)
+    tally = Tally()
+    try:
+        caps = types.ClientCapabilities(
+            text_document=types.TextDocumentClientCapabilities(
+                inline_completion=types.InlineCompletionClientCapabilities()
+            )
+        )
+        await asyncio.wait_for(
+            client.initialize_async(types.InitializeParams(capabilities=caps)), s.timeout_s
+        )
+        client.initialized(types.InitializedParams())
+        started = time.perf_counter()
+        while True:  # wait for the model
+            st = _plain(await client.protocol.send_request_async("specls/stats", {}))
+            if st["server"]["state"] == "ready":
+                break
+            if st["server"]["state"] == "failed":
+                raise RuntimeError(f"the server could not load its model: {st['server']['error']}")
+            if time.perf_counter() - started > s.timeout_s:
+                raise RuntimeError("the server did not load its model in time")
+            await asyncio.sleep(0.1)
+        load_s = time.perf_counter() - started
+        t0 = time.perf_counter()
+        for i, (name, text, region) in enumerate(regions):
+            await _type_file(client, f"file:///bench/{i}/{Path(name).name}", text, region, s, tally)
+        elapsed = time.perf_counter() - t0
+        server_stats = _plain(await client.protocol.send_request_async("specls/stats", {}))
+        await asyncio.wait_for(client.shutdown_async(None), s.timeout_s)
+        client.exit(None)
+    finally:
+        await asyncio.sleep(0.2)
+        proc = getattr(client, "_server", None)
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+        try:
+            await asyncio.wait_for(client.stop(), 10)
+        except Exception:
+            pass
+    srv = server_stats["server"]
+    return {
+        "settings": asdict(s),
+        "files": [name for name, _, _ in regions],
+        "load_s": round(load_s, 2),
+        "typing_s": round(elapsed, 1),
+        "keystrokes": tally.keystrokes,
+        "requests": tally.requests,
+        "answered": tally.answered,
+        "served": tally.served,
+        "cancel_sent": tally.cancel_sent,
+        "cancelled": tally.cancelled,
+        "errors": tally.errors[:5],
+        "error_count": len(tally.errors),
+        "keystroke_to_result_ms": {
+            "p50": round(_pct(tally.latency_ms, 0.5), 1),
+            "p95": round(_pct(tally.latency_ms, 0.95), 1),
+            "n": len(tally.latency_ms),
+        },
+        "keystroke_to_suggestion_ms": {
+            "p50": round(_pct(tally.served_latency_ms, 0.5), 1),
+            "p95": round(_pct(tally.served_latency_ms, 0.95), 1),
+            "n": len(tally.served_latency_ms),
+        },
+        "request_to_result_ms": {
+            "p50": round(_pct(tally.request_ms, 0.5), 1),
+            "p95": round(_pct(tally.request_ms, 0.95), 1),
+            "mean": round(statistics.fmean(tally.request_ms), 1) if tally.request_ms else float("nan"),
+        },
+        "server": {
+            k: srv.get(k)
+            for k in (
+                "engine_calls",
+                "prefill_tokens_per_call",
+                "prefix_reuse_rate",
+                "completion_reuse_rate",
+                "cache_hit_rate",
+                "tokens_generated",
+                "tokens_wasted",
+                "cancelled",
+                "stale_dropped",
+                "empty",
+                "latency_ms",
+                "keystroke_to_result_ms",
+            )
+        },
+        "engine": server_stats.get("engine", {}),
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    k = report["keystroke_to_result_ms"]
+    sv = report["keystroke_to_suggestion_ms"]
+    srv = report["server"]
+    print(f"files: {', '.join(report['files'])}")
+    print(
+        f"keystrokes {report['keystrokes']}  requests {report['requests']}  answered {report['answered']}  "
+        f"with suggestion {report['served']}  cancelled {report['cancelled']} ({report['cancel_sent']} sent)  "
+        f"errors {report['error_count']}"
+    )
+    print(f"keystroke->result  p50 {k['p50']:.1f} ms  p95 {k['p95']:.1f} ms  (n={k['n']}, includes debounce)")
+    print(f"keystroke->suggestion  p50 {sv['p50']:.1f} ms  p95 {sv['p95']:.1f} ms  (n={sv['n']})")
+    r = report["request_to_result_ms"]
+    print(f"request->result  p50 {r['p50']:.1f} ms  p95 {r['p95']:.1f} ms")
+    print(
+        f"server: engine calls {srv['engine_calls']}  prefill tokens/call {srv['prefill_tokens_per_call']}  "
+        f"prefix reuse {srv['prefix_reuse_rate']:.1%}  completion reuse {srv['completion_reuse_rate']:.1%}  "
+        f"cache hits {srv['cache_hit_rate']:.1%}"
+    )
+    print(
+        f"server: tokens generated {srv['tokens_generated']}  wasted by cancellation {srv['tokens_wasted']}  "
+        f"cancelled {srv['cancelled']}  stale dropped {srv['stale_dropped']}"
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    server: list[str] = []
+    if args.model:
+        server += ["--model", args.model]
+    if args.draft:
+        server += ["--draft", args.draft]
+    if args.no_draft:
+        server.append("--no-draft")
+    if args.no_speculation:
+        server.append("--no-speculation")
+    settings = LspBenchSettings(
+        files=args.files,
+        chars=args.chars,
+        seed=args.seed,
+        debounce_ms=args.debounce_ms,
+        threads=args.threads,
+        max_tokens=args.max_tokens,
+        server=tuple(server),
+    )
+    try:
+        report = asyncio.run(run_bench(settings))
+    except RuntimeError as exc:
+        print(f"specls bench lsp: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print(report)
+    return 0 if report["error_count"] == 0 else 1
+
+
+def register(kinds: Any) -> None:
+    p = kinds.add_parser("lsp", help="type held-out files into `specls serve` over stdio; latency and reuse")
+    d = LspBenchSettings()
+    p.add_argument("--files", type=int, default=d.files, help="held-out files to type into")
+    p.add_argument("--chars", type=int, default=d.chars, help="characters typed per file")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--debounce-ms", type=float, default=d.debounce_ms)
+    p.add_argument("--threads", type=int, default=d.threads, help="server onnxruntime threads")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    p.add_argument("--model", metavar="DIR")
+    p.add_argument("--draft", metavar="DIR")
+    p.add_argument("--no-draft", action="store_true")
+    p.add_argument("--no-speculation", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON")
+    p.set_defaults(func=_run)
