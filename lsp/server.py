@@ -460,7 +460,17 @@ class Session:
     # ------------------------------------------------------------------ completions
     async def complete(self, uri: str, line: int, character: int) -> tuple[Completion, Document, int] | None:
         """The completion at a cursor, or None (empty answer). Cancelled by $/cancelRequest through
-        asyncio task cancellation."""
+        asyncio task cancellation. A bug on the way is logged and answered empty, never an error."""
+        try:
+            return await self._complete(uri, line, character)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("completion failed for %s at %d:%d", uri, line, character)
+            self.host.counters.errors += 1
+            return None
+
+    async def _complete(self, uri: str, line: int, character: int) -> tuple[Completion, Document, int] | None:
         counters = self.host.counters
         counters.requests += 1
         started = time.monotonic()

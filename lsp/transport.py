@@ -122,13 +122,16 @@ class Connection:
         protocol = self.server.protocol
         try:
             raw = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except Exception as exc:  # bad JSON, bad UTF-8, absurd nesting (RecursionError)
             logger.warning("malformed JSON message: %s", exc)
             self.error(None, _PARSE_ERROR, f"Parse error: {exc}")
             return
         if not isinstance(raw, dict) or raw.get("jsonrpc") != "2.0":
             msg_id = raw.get("id") if isinstance(raw, dict) else None
             self.error(msg_id, _INVALID_REQUEST, "Invalid Request: expected a JSON-RPC 2.0 object")
+            return
+        if getattr(protocol, "_shutdown", False) and "id" in raw and raw.get("method") not in (None, "exit"):
+            self.error(raw["id"], _INVALID_REQUEST, "the server is shutting down")
             return
         if "method" in raw and "params" not in raw:
             raw["params"] = None  # pygls' generic message types require the field

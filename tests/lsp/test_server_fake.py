@@ -99,6 +99,16 @@ async def test_utf16_positions_with_emoji():
         assert items and items[0].insert_text == fake_completion(f's = "{EMOJI}{EMOJI}!')
 
 
+async def test_invalid_text_lone_surrogate():
+    async with stdio_client(FAKE, fake_env()) as (client, _):
+        await wait_state(client, ("ready",))
+        open_doc(client, URI, "bad = '\ud800'\nx = ")  # a lone surrogate (an invalid \\ud800 escape)
+        items = await inline(client, URI, 1, 4)
+        assert len(items) == 1
+        # the engine got the text with the bad code unit replaced one for one
+        assert items[0].insert_text == fake_completion("bad = '?'\nx = ")
+
+
 async def test_out_of_range_positions_are_empty():
     async with stdio_client(FAKE, fake_env()) as (client, _):
         await wait_state(client, ("ready",))
@@ -247,8 +257,10 @@ def _raw_session_checks(conn, first_id: int = 1) -> None:
     conn.send({"jsonrpc": "2.0", "method": "no/suchNotification", "params": {}})
     # invalid params for a known request
     conn.send({"jsonrpc": "2.0", "id": 92, "method": "textDocument/inlineCompletion", "params": {"x": 1}})
-    # a JSON array is not a request
+    # a JSON array is not a request; absurd nesting is not a crash
     conn.write(b"Content-Length: 2\r\n\r\n[]")
+    deep = b"[" * 200_000 + b"]" * 200_000
+    conn.write(b"Content-Length: %d\r\n\r\n" % len(deep) + deep)
     conn.send({"jsonrpc": "2.0", "id": 93, "method": "specls/stats", "params": {}})
     got: dict = {}
     while 93 not in got:
@@ -261,6 +273,8 @@ def _raw_session_checks(conn, first_id: int = 1) -> None:
     assert got[93]["result"]["server"]["state"] in ("loading", "ready")
     conn.send({"jsonrpc": "2.0", "id": 94, "method": "shutdown"})
     assert "result" in conn.response(94)
+    conn.send({"jsonrpc": "2.0", "id": 95, "method": "specls/stats"})
+    assert conn.response(95)["error"]["code"] == -32600  # answered, not left hanging
     conn.send({"jsonrpc": "2.0", "method": "exit"})
 
 
