@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -419,12 +419,23 @@ def _bench_team(args: argparse.Namespace) -> int:
         try:
             before = asyncio.run(wait_ready(host, port, tokens[-1]))
             rss_start = rss_mb(proc.pid)
-            t0 = time.monotonic()
-            stats = asyncio.run(run_clients(host, port, list(tokens[: args.clients]), args.duration, typing))
-            elapsed = time.monotonic() - t0
-            time.sleep(1.0)
+            rounds_rss: list[float] = []
+            for r in range(max(1, args.rounds)):
+                t0 = time.monotonic()
+                stats = asyncio.run(
+                    run_clients(
+                        host,
+                        port,
+                        list(tokens[: args.clients]),
+                        args.duration,
+                        replace(typing, seed=typing.seed + r),
+                    )
+                )
+                elapsed = time.monotonic() - t0
+                time.sleep(1.0)
+                rounds_rss.append(rss_mb(proc.pid))
             after = asyncio.run(server_stats(host, port, tokens[-1]))
-            rss_end = rss_mb(proc.pid)
+            rss_end = rounds_rss[-1]
         finally:
             proc.terminate()
             try:
@@ -432,6 +443,12 @@ def _bench_team(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         _report(f"{args.clients} clients, engine {args.engine}", stats, elapsed, (rss_start, rss_end))
+        if len(rounds_rss) > 1:
+            print(
+                "server RSS after rounds  "
+                + " / ".join(f"{x:.0f}" for x in rounds_rss)
+                + " MB (last round shown)"
+            )
         team = after.get("team") or {}
         if team:
             spec = team.get("speculation", {})
@@ -488,6 +505,7 @@ def register(sub: Any) -> None:
     p.add_argument("--connect", default=None, metavar="HOST:PORT", help="use a running server")
     p.add_argument("--token", default=None, help="token for --connect")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1, help="repeat the run on the same server (RSS per round)")
     p.add_argument("--json", action="store_true", help="also print the server's final stats as JSON")
     p.add_argument("--batching-micro", action="store_true", help="only the batching micro-benchmark")
     p.add_argument("--target", default=None, help="--batching-micro: target model dir (default bundled)")
