@@ -75,10 +75,10 @@ def _serve(args: argparse.Namespace) -> int:
         return serve_stdio(server)
     address, port = args.tcp
     from specls.team.auth import AuthError
-    from specls.team.cli import engine_override_from_args
+    from specls.team.cli import engine_override_from_args, tune_for_team
     from specls.team.glue import team_hooks_from_args
 
-    engine = engine_override_from_args(args) or make_engine(settings)
+    engine = engine_override_from_args(args) or tune_for_team(make_engine(settings), args)
     host = EngineHost(engine)
     try:  # auth (a non-loopback bind needs --token-file), fair scheduling, metrics
         host.team = team_hooks_from_args(args, address, engine)
