@@ -33,7 +33,7 @@ class LspBenchSettings:
     files: int = 3
     chars: int = 160  # characters typed per file (whole lines, about)
     seed: int = 0
-    debounce_ms: float = 50.0  # editor-side debounce before asking
+    debounce_ms: float = 30.0  # editor-side debounce before asking
     min_key_ms: float = 40.0  # fastest and slowest gap between keystrokes
     max_key_ms: float = 220.0
     line_pause_ms: float = 400.0  # pause after Enter (reading the suggestion)

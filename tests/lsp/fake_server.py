@@ -28,7 +28,10 @@ def fake_completion(prefix: str) -> str:
 
 
 class FakeEngine:
-    def __init__(self, load_ms: float = 0, fail: str = "", pass_ms: float = 0, tokens: int = 4) -> None:
+    def __init__(
+        self, load_ms: float = 0, fail: str = "", pass_ms: float = 0, tokens: int = 4, model: str = ""
+    ) -> None:
+        self.model = model
         self.load_ms = load_ms
         self.fail = fail
         self.pass_ms = pass_ms
@@ -90,12 +93,13 @@ class FakeEngine:
 
     def stats(self) -> dict[str, object]:
         with self.lock:
-            return {**self.counts, "docs": sorted(self.docs)}
+            return {**self.counts, "docs": sorted(self.docs), "model": self.model}
 
 
-def engine_from_env() -> FakeEngine:
+def engine_from_env(settings: ServerSettings | None = None) -> FakeEngine:
     env = os.environ
     return FakeEngine(
+        model=settings.model if settings else "",
         load_ms=float(env.get("SPECLS_FAKE_LOAD_MS", "0")),
         fail=env.get("SPECLS_FAKE_FAIL_LOAD", ""),
         pass_ms=float(env.get("SPECLS_FAKE_PASS_MS", "0")),
@@ -122,7 +126,7 @@ def main(argv: list[str]) -> int:
             serve_tcp(host, lambda h: create_server(settings, h.engine, host=h), "127.0.0.1", port, ready)
         )
         return 0
-    return serve_stdio(create_server(settings, engine_from_env()))
+    return serve_stdio(create_server(settings, engine_from_env(), factory=engine_from_env))
 
 
 if __name__ == "__main__":

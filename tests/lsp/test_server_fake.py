@@ -236,6 +236,19 @@ async def test_bad_settings_reported_once():
         assert len([m for m in client.messages if m.type == types.MessageType.Warning]) == 1
 
 
+async def test_engine_settings_from_initialization_options():
+    async with stdio_client(FAKE, fake_env(), init_options={"model": "/models/mine"}) as (client, _):
+        s = await wait_state(client, ("ready",))
+        assert s["engine"]["model"] == "/models/mine"  # the engine was rebuilt before loading
+        change = types.DidChangeConfigurationParams(settings={"specls": {"model": "/models/other"}})
+        client.workspace_did_change_configuration(change)
+        client.workspace_did_change_configuration(change)
+        s = await stats(client)
+        assert s["engine"]["model"] == "/models/mine"  # a loaded engine is not swapped under the user
+        warnings = [m.message for m in client.messages if m.type == types.MessageType.Warning]
+        assert len(warnings) == 1 and "restart" in warnings[0]
+
+
 def _raw_session_checks(conn, first_id: int = 1) -> None:
     """Malformed input leaves the server alive and answering."""
     conn.send({"jsonrpc": "2.0", "id": first_id, "method": "initialize", "params": {"capabilities": {}}})

@@ -9,12 +9,24 @@ from functools import partial
 
 import pytest
 from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
 from specls.decoder.api import CompletionRequest
 from specls.lsp.cli import fetch_stats, make_engine
 from specls.lsp.postprocess import finalize, make_context, stop_point
 from specls.lsp.settings import ServerSettings
 
-from .lsp_helpers import SPECLS, inline, open_doc, stats, stdio_client, tcp_client, tcp_server, wait_state
+from .lsp_helpers import (
+    SPECLS,
+    inline,
+    inline_params,
+    insert,
+    open_doc,
+    stats,
+    stdio_client,
+    tcp_client,
+    tcp_server,
+    wait_state,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -53,29 +65,47 @@ def serve_cmd(*extra: str) -> list[str]:
     return [SPECLS, "serve", "--threads", "1", "--max-tokens", "24", *extra]
 
 
-def expected_completions() -> dict[tuple[int, int], str | None]:
-    """What the server must answer: post-processed plain greedy decoding of the same engine."""
-    engine = make_engine(ServerSettings(threads=1, drafting=False))
-    engine.load()
-    engine.update_document(URI, SOURCE)
+class Reference:
+    """What the server must answer: post-processed plain greedy decoding (no speculation) of the
+    same models, computed in this process."""
+
+    def __init__(self) -> None:
+        self.engine = make_engine(ServerSettings(threads=1, drafting=False))
+        self.engine.load()
+        self.open: set[str] = set()
+
+    def answer(self, text: str, offset: int, uri: str = URI) -> str | None:
+        for other in self.open - {uri}:  # the server under test has only ``uri`` open
+            self.engine.close_document(other)
+        self.open = {uri}
+        self.engine.update_document(uri, text)
+        prefix, suffix = text[:offset], text[offset:]
+        ctx = make_context(prefix, suffix)
+        request = CompletionRequest(
+            doc_id=uri, prefix=prefix, suffix=suffix, max_tokens=24, stop=partial(stop_point, ctx)
+        )
+        result = self.engine.complete(request)
+        done = finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
+        return None if done is None else done.text
+
+
+@pytest.fixture(scope="module")
+def reference() -> Reference:
+    return Reference()
+
+
+def expected_completions(reference: Reference) -> dict[tuple[int, int], str | None]:
     lines = SOURCE.split("\n")
     out: dict[tuple[int, int], str | None] = {}
     for line, char in CURSORS:
         offset = sum(len(x) + 1 for x in lines[:line]) + char
-        prefix, suffix = SOURCE[:offset], SOURCE[offset:]
-        ctx = make_context(prefix, suffix)
-        request = CompletionRequest(
-            doc_id=URI, prefix=prefix, suffix=suffix, max_tokens=24, stop=partial(stop_point, ctx)
-        )
-        result = engine.complete(request)
-        done = finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
-        out[(line, char)] = None if done is None else done.text
+        out[(line, char)] = reference.answer(SOURCE, offset)
     return out
 
 
 @pytest.fixture(scope="module")
-def expected() -> dict[tuple[int, int], str | None]:
-    return expected_completions()
+def expected(reference: Reference) -> dict[tuple[int, int], str | None]:
+    return expected_completions(reference)
 
 
 async def test_real_completion_over_stdio(expected):
@@ -128,3 +158,56 @@ async def test_missing_model_one_message_then_empty(tmp_path):
         errors = [m for m in client.messages if m.type == types.MessageType.Error]
         assert len(errors) == 1
         assert "no-such-model" in errors[0].message
+
+
+EMOJI = "\U0001f600"
+
+
+async def test_real_utf16_storm_cancel_and_bad_positions(reference):
+    async with stdio_client(serve_cmd(), env()) as (client, _):
+        await wait_state(client, ("ready",))
+        # UTF-16: emoji before the cursor; the answer must be the one for exactly this prefix
+        text = f'label = "{EMOJI} ok"\nprint(label)\ndef show(items):\n    for item in '
+        uri = "file:///work/emoji.py"
+        open_doc(client, uri, text)
+        last = text.split("\n")[-1]
+        items = await inline(client, uri, 3, len(last))
+        want = reference.answer(text, len(text), uri)
+        assert (items[0].insert_text if items else None) == want
+        # out of range: empty, no error
+        assert await inline(client, uri, 40, 0) == []
+        assert await inline(client, uri, 0, 10) == []  # inside the emoji's surrogate pair
+        # a storm of keystrokes with requests in between: every answer is for its own version
+        typed = "items:\n        total = total + item.price * item.count  # running sum\n"
+        pending = []
+        version, line, col = 1, 3, len(last)
+        for i, ch in enumerate(typed):
+            version += 1
+            insert(client, uri, version, line, col, ch)
+            text += ch
+            line, col = (line + 1, 0) if ch == "\n" else (line, col + 1)
+            if i % 7 == 6 or i == len(typed) - 1:
+                fut = asyncio.ensure_future(
+                    client.text_document_inline_completion_async(inline_params(uri, line, col))
+                )
+                pending.append((fut, text))
+        results = [await asyncio.wait_for(f, 120) for f, _ in pending]
+        for result, snapshot in zip(results, [t for _, t in pending], strict=True):
+            got = list(result.items) if isinstance(result, types.InlineCompletionList) else []
+            if got:
+                assert got[0].insert_text == reference.answer(snapshot, len(snapshot), uri)
+        s = await stats(client)
+        assert s["server"]["requests"] == 3 + len(pending)
+        # $/cancelRequest right after sending: it returns (cancelled or answered), the server goes on
+        fut = asyncio.ensure_future(
+            client.protocol.send_request_async(
+                types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, line, col), msg_id="real-cancel"
+            )
+        )
+        await asyncio.sleep(0)
+        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="real-cancel"))
+        try:
+            await asyncio.wait_for(fut, 120)
+        except JsonRpcRequestCancelled:
+            pass
+        assert (await stats(client))["server"]["state"] == "ready"
