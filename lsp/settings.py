@@ -90,7 +90,8 @@ def _as_languages(value: Any) -> tuple[str, ...]:
         value = [v for v in value.split(",") if v.strip()]
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
         raise ValueError("expected a list of languageIds")
-    return tuple(v.strip() for v in value)
+    langs = tuple(v.strip() for v in value)
+    return () if "*" in langs else langs  # "*" = every language, like ()
 
 
 def _convert(name: str, value: Any) -> Any:

@@ -60,3 +60,8 @@ def test_engine_fields_change_detection():
     a = ServerSettings()
     b, _ = parse_settings({"model": "/m", "maxTokens": 8, "draftModel": False})
     assert a.changed_engine_fields(b) == ["draft_model", "model"]
+
+
+def test_star_means_every_language():
+    s, problems = parse_settings({"enabledLanguages": ["python", "*"]})
+    assert problems == [] and s.languages == ()  # not a languageId called "*"
