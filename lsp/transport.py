@@ -30,7 +30,7 @@ from specls.lsp.server import EngineHost, SpeclsServer
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY = 256 * 1024 * 1024
+MAX_BODY = 64 * 1024 * 1024  # a 5 MB buffer is ~6-12 MB of JSON
 _HEADER = re.compile(rb"content-length[ \t]*:[ \t]*([^\r\n:]*?)[ \t]*\r?\n", re.IGNORECASE)
 _STRICT_HEADER = re.compile(rb"content-length[ \t]*:[ \t]*\d+[ \t]*\r?\n", re.IGNORECASE)
 _HEADERS_END = re.compile(rb"\r?\n\r?\n")
