@@ -65,6 +65,13 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queue", type=int, default=64, help="queued requests over all clients")
     g.add_argument("--per-client-queue", type=int, default=4, help="queued requests per client")
     g.add_argument("--no-load-aware", action="store_true", help="never cap speculation under load")
+    g.add_argument(
+        "--speculation-policy",
+        choices=("depth", "acceptance", "off"),
+        default="depth",
+        help="load-aware speculation: depth = shrink gamma with queue depth, drafting off when deep; "
+        "acceptance = drafting off under load only when acceptance is low; off = never cap",
+    )
     g.add_argument("--log-requests", action="store_true", help="one JSON line per request on stderr")
     g.add_argument(
         "--log-completion-text",
@@ -77,7 +84,10 @@ def scheduler_settings_from_args(args: argparse.Namespace) -> Any:
     from specls.team.scheduler import SchedulerSettings
 
     return SchedulerSettings(
-        max_queue=args.max_queue, per_client_queue=args.per_client_queue, load_aware=not args.no_load_aware
+        max_queue=args.max_queue,
+        per_client_queue=args.per_client_queue,
+        load_aware=not args.no_load_aware,
+        policy=args.speculation_policy,
     )
 
 

@@ -56,6 +56,10 @@ class SchedulerSettings:
     replace_same_document: bool = True  # a newer request for a document replaces the queued older one
     cancel_superseded_running: bool = True  # ... and stops the running older one at its next pass
     load_aware: bool = True
+    # "depth": cap gamma by queue depth, drafting off when deep (for backends whose passes grow with
+    # the batch); "acceptance": leave gamma to the engine, drafting off only when recent acceptance is
+    # too low to pay under load; "off": never cap.
+    policy: str = "depth"
     gamma_max: int = 8  # cap with one request waiting behind the running one (halved per extra)
     drafting_off_depth: int = 4  # queue depth (running + queued) at which drafting is switched off
     min_acceptance: float = 0.25  # under load, drafting off when recent acceptance is below this
@@ -114,7 +118,10 @@ def _cancelled_result(reason: str) -> CompletionResult:
 @dataclass(frozen=True)
 class SpeculationDecision:
     cap: int | None  # None = the engine's own choice
-    reason: str  # idle | shrink | off_depth | off_acceptance | disabled
+    reason: str  # idle | shrink | off_depth | off_acceptance | pays | disabled
+
+
+SPECULATION_POLICIES = ("depth", "acceptance", "off")
 
 
 def decide_speculation(
@@ -122,14 +129,16 @@ def decide_speculation(
 ) -> SpeculationDecision:
     """The speculation cap for a request dispatched with ``depth`` requests in the system (itself
     included). Pure, so the policy is testable on its own."""
-    if not settings.load_aware:
+    if not settings.load_aware or settings.policy == "off":
         return SpeculationDecision(None, "disabled")
     if depth <= 1:
         return SpeculationDecision(None, "idle")
-    if depth >= settings.drafting_off_depth:
+    if settings.policy == "depth" and depth >= settings.drafting_off_depth:
         return SpeculationDecision(0, "off_depth")
     if acceptance is not None and acceptance < settings.min_acceptance:
         return SpeculationDecision(0, "off_acceptance")
+    if settings.policy == "acceptance":
+        return SpeculationDecision(None, "pays")
     return SpeculationDecision(max(1, settings.gamma_max >> (depth - 2)), "shrink")
 
 
@@ -142,6 +151,10 @@ class FairScheduler:
         settings: SchedulerSettings = SchedulerSettings(),
         observers: tuple[SchedulerObserver, ...] = (),
     ) -> None:
+        if settings.policy not in SPECULATION_POLICIES:
+            raise ValueError(
+                f"speculation policy must be one of {SPECULATION_POLICIES}, not {settings.policy!r}"
+            )
         self.engine = engine
         self.settings = settings
         self._observers = list(observers)
@@ -431,6 +444,7 @@ class FairScheduler:
                 **self._counts,
                 "speculation": {
                     "load_aware": self.settings.load_aware,
+                    "policy": self.settings.policy if self.settings.load_aware else "off",
                     "current_cap": self._last_decision.cap,
                     "last_reason": self._last_decision.reason,
                     "decisions": dict(self._decisions),

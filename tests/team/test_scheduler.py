@@ -16,6 +16,7 @@ from specls.team.scheduler import (
     FairScheduler,
     RequestEvent,
     SchedulerSettings,
+    SpeculationDecision,
     decide_speculation,
 )
 from tests.team.engines import GateEngine, loaded
@@ -299,6 +300,13 @@ def test_speculation_policy() -> None:
     assert decide_speculation(s, 2, 0.1).reason == "off_acceptance"
     assert decide_speculation(s, 1, 0.1).cap is None  # idle: the engine's own adaptive choice
     assert decide_speculation(SchedulerSettings(load_aware=False), 9, 0.0).cap is None
+    acc = SchedulerSettings(policy="acceptance", min_acceptance=0.3)
+    assert decide_speculation(acc, 9, 0.9) == SpeculationDecision(None, "pays")
+    assert decide_speculation(acc, 9, 0.1) == SpeculationDecision(0, "off_acceptance")
+    assert decide_speculation(acc, 1, 0.1) == SpeculationDecision(None, "idle")
+    assert decide_speculation(SchedulerSettings(policy="off"), 9, 0.0).reason == "disabled"
+    with pytest.raises(ValueError):
+        FairScheduler(FakeEngine(), SchedulerSettings(policy="nope"))
 
 
 def test_caps_reach_the_engine_under_load(gate: GateEngine) -> None:
