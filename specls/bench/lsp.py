@@ -347,6 +347,12 @@ def _print(report: dict[str, Any]) -> None:
         f"server: tokens generated {srv['tokens_generated']}  wasted by cancellation {srv['tokens_wasted']}  "
         f"cancelled {srv['cancelled']}  stale dropped {srv['stale_dropped']}"
     )
+    eng = report.get("engine") or {}
+    if "latency_ms_p50" in eng:
+        print(
+            f"engine: latency p50 {float(eng['latency_ms_p50']):.1f} ms  p95 {float(eng.get('latency_ms_p95', 0)):.1f} ms  "
+            f"tokens/pass {float(eng.get('tokens_per_pass', 0)):.2f}  acceptance {float(eng.get('acceptance', 0)):.1%}"
+        )
 
 
 def _run(args: argparse.Namespace) -> int:
