@@ -80,7 +80,7 @@ async function startClient(context: vscode.ExtensionContext): Promise<void> {
     status!.setLoading('starting');
     let server;
     try {
-        server = serverOptions(settings, folders);
+        server = serverOptions(settings, folders, vscode.workspace.isTrusted);
     } catch (e) {
         const message = e instanceof Error ? e.message : String(e);
         status!.setError(message);
@@ -178,6 +178,11 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             await startClient(context);
         }),
         vscode.window.onDidChangeActiveTextEditor(updateEnabledState),
+        // trust granted: workspace settings and the workspace .venv now count
+        vscode.workspace.onDidGrantWorkspaceTrust(async () => {
+            await stopClient();
+            await startClient(context);
+        }),
         vscode.workspace.onDidChangeConfiguration(async (e) => {
             if (!e.affectsConfiguration('specls')) {
                 return;

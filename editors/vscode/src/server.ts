@@ -40,8 +40,16 @@ function onPath(name: string): string | undefined {
     return undefined;
 }
 
-/** The command that starts `specls serve` over stdio, from the serverPath setting or by looking around. */
-export function resolveExecutable(serverPath: string, workspaceFolders: readonly string[]): Executable {
+/** The command that starts `specls serve` over stdio, from the serverPath setting or by looking around.
+ * Without workspace trust nothing inside the workspace is run (no relative serverPath, no workspace .venv). */
+export function resolveExecutable(
+    serverPath: string,
+    workspaceFolders: readonly string[],
+    trusted: boolean = true,
+): Executable {
+    if (!trusted) {
+        workspaceFolders = [];
+    }
     const candidates: string[] = [];
     if (serverPath.trim()) {
         let p = expandHome(serverPath.trim());
@@ -73,7 +81,8 @@ export function resolveExecutable(serverPath: string, workspaceFolders: readonly
     const command = candidates[0];
     if (command === undefined) {
         throw new ServerNotFoundError(
-            'specls: the `specls` command was not found on PATH nor in a workspace .venv. ' +
+            'specls: the `specls` command was not found on PATH nor in a workspace .venv ' +
+                '(a workspace .venv is used only in trusted workspaces). ' +
                 'Install it (pip install specls) or set "specls.serverPath" to the specls executable ' +
                 'or to a Python interpreter that has specls installed.',
         );
@@ -95,7 +104,11 @@ export function parseHostPort(value: string): [string, number] {
     return [m[1], port];
 }
 
-export function serverOptions(settings: Settings, workspaceFolders: readonly string[]): ServerOptions {
+export function serverOptions(
+    settings: Settings,
+    workspaceFolders: readonly string[],
+    trusted: boolean = true,
+): ServerOptions {
     if (settings.teamServer.trim()) {
         const [host, port] = parseHostPort(settings.teamServer);
         return () =>
@@ -107,7 +120,7 @@ export function serverOptions(settings: Settings, workspaceFolders: readonly str
                 );
             });
     }
-    return resolveExecutable(settings.serverPath, workspaceFolders);
+    return resolveExecutable(settings.serverPath, workspaceFolders, trusted);
 }
 
 /** What the server receives as initializationOptions and in workspace/didChangeConfiguration. */
