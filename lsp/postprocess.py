@@ -9,8 +9,9 @@
 
 Rules: single-line when the cursor sits mid-line before non-trivial text (anything but closing brackets,
 quotes and ``;:,``), multi-line otherwise. A multi-line completion ends before a line indented less than
-the cursor line (end of the enclosing block), before a blank line, and before a line that repeats the
-next non-blank line already after the cursor. A closing bracket with no opener (in the completion or
+the cursor line (end of the enclosing block), before a blank line, before a line that repeats the
+next non-blank line already after the cursor, and at the end of the line where it closes the bracket
+the cursor sat in. A closing bracket with no opener (in the completion or
 left open before the cursor) ends the completion. Text that duplicates the rest of the cursor line is
 trimmed, or, when the completion legitimately rewrites the closing brackets, the completion replaces the
 rest of the line.
@@ -200,8 +201,15 @@ def stop_point(ctx: CursorContext, text: str) -> int | None:
     """Length of ``text`` to keep when the completion is finished, or None to keep generating."""
     stops: list[int] = []
     scan = _Scanner(ctx.open_brackets, ctx.open_quote, ctx.comment)
+    closed_outer = False
     for i, ch in enumerate(text):
-        if scan.feed(ch) == "unmatched":
+        event = scan.feed(ch)
+        if event == "unmatched":
+            stops.append(i)
+            break
+        if event == "outer" and ch in CLOSERS:
+            closed_outer = True  # the bracket the cursor sat in is closed: the statement ends this line
+        elif ch == "\n" and closed_outer:
             stops.append(i)
             break
     if not ctx.multiline:

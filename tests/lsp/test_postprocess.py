@@ -17,6 +17,9 @@ CASES = [
     ("if foo(", "):\n", "x)", Completion("x", 0)),  # not replace -> "if foo(x)" losing ":"
     ("foo(bar(", "))\n", "x)", Completion("x", 0)),  # not replace -> foo(bar(x) losing a paren
     ("foo(", ", y)\n", "a)", Completion("a", 0)),
+    # closing the bracket the cursor sat in ends the statement at that line end (not: more lines)
+    ("print(", ")\n", '"hi")\nprint("more")', Completion('"hi"', 0)),
+    ("x = f(", "\n", "a,\n      b)\ny = 2", Completion("a,\n      b)", 0)),
     # unmatched closers end the completion
     ("x = ", "\n", "1)", Completion("1", 0)),  # not "1)" with no "(" anywhere
     ("x = [1, ", "\n", "2]]", Completion("2]", 0)),  # the first ] closes the open [, the second has none
