@@ -23,7 +23,8 @@ e2e: setup
 	bash scripts/e2e.sh
 
 test: lint
-	$(VENV)/bin/pytest -q tests
+	bash scripts/setup-editors.sh
+	$(VENV)/bin/pytest -q tests --durations=15 -rs
 
 clean:
 	rm -rf $(VENV) build *.egg-info
