@@ -20,7 +20,9 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specls", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="specls", description="specls: code completion by speculative decoding on ONNX Runtime"
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
