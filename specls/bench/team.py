@@ -487,7 +487,11 @@ def _batching_micro(args: argparse.Namespace) -> int:
         resolve_model_dir(args.target, "target"), RuntimeSettings(threads=args.threads or 1, provider="cpu")
     )
     for past in (128, 512):
-        rows = measure_batching(lm, BatchBenchSettings(past_len=past))
+        try:
+            rows = measure_batching(lm, BatchBenchSettings(past_len=past))
+        except ValueError as exc:
+            print(f"batching micro-benchmark: {exc}")
+            return 1
         print(f"== batched vs sequential target passes (past {past} tokens, {args.threads or 1} thread(s))")
         print(format_table(rows))
     return 0

@@ -60,6 +60,12 @@ def measure_batching(lm: Any, settings: BatchBenchSettings) -> list[BatchTiming]
     spec = lm.spec
     rng = np.random.default_rng(settings.seed)
     sess = lm.session
+    batch_dim = sess.get_inputs()[0].shape[0]
+    if isinstance(batch_dim, int) and max(settings.batch_sizes) > batch_dim:
+        raise ValueError(
+            f"the exported graph has a static batch dimension of {batch_dim}: it cannot run a pass over "
+            "several sequences (re-export with a dynamic batch axis to measure batching)"
+        )
     kv, hd, layers = spec.num_kv_heads, spec.head_dim, spec.num_layers
     p = settings.past_len
     out: list[BatchTiming] = []
