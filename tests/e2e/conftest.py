@@ -28,9 +28,9 @@ ARTIFACTS = REPO / "test-artifacts"
 # Ghost text must appear within this (the first completion includes the model load on a busy 2-core box).
 GHOST_TIMEOUT_S = float(os.environ.get("SPECLS_E2E_GHOST_TIMEOUT", "90"))
 
-# A Python buffer whose continuation is unambiguous for a code model.
-PY_SOURCE = "def add(a, b):\n"
-PY_TYPED = "    return "
+# A Python buffer with an obvious continuation (the cursor ends up after `self.items.`).
+PY_SOURCE = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+PY_TYPED = "        self.items."
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def run_nvim(
     project = tmp / "project"
     project.mkdir()
     (project / ".git").mkdir()  # a root marker, as in a real checkout
-    source = project / "fib.py"
+    source = project / "stack.py"
     source.write_text(PY_SOURCE + PY_TYPED)
     result_path = tmp / "result.json"
     env = clean_env(tmp / "env")

@@ -43,7 +43,7 @@ def test_vscode_ghost_text_and_tab(
         team_server = f"{server.host}:{server.port}"
     workspace = tmp_path / "workspace"
     workspace.mkdir()
-    source = workspace / "fib.py"
+    source = workspace / "stack.py"
     source.write_text(PY_SOURCE)
     (workspace / "notes.txt").write_text("plain text: no completions here\n")
     result_path = tmp_path / "result.json"
@@ -106,7 +106,7 @@ def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None
     """specls.serverPath pointing nowhere: an error status and a notification that names the setting."""
     workspace = tmp_path / "workspace"
     workspace.mkdir()
-    (workspace / "fib.py").write_text(PY_SOURCE)
+    (workspace / "stack.py").write_text(PY_SOURCE)
     result_path = tmp_path / "result.json"
     env = clean_env(tmp_path / "env")
     env.update(
@@ -116,7 +116,7 @@ def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None
         VSIX=str(editors.vsix),
         SPECLS_BIN=str(tmp_path / "no-such-dir" / "specls"),
         E2E_WORKSPACE=str(workspace),
-        E2E_FILE="fib.py",
+        E2E_FILE="stack.py",
         E2E_TYPE=PY_TYPED,
         E2E_RUN_DIR=str(tmp_path / "run"),
         E2E_ARTIFACTS=str(ARTIFACTS),
