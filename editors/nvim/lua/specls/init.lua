@@ -264,6 +264,17 @@ local function attach_fallback(buf)
       clear(buf)
     end,
   })
+  -- the model finished loading (a request before that got nothing): ask again if still typing here
+  vim.api.nvim_create_autocmd('LspProgress', {
+    group = group,
+    pattern = 'end',
+    callback = function(ev)
+      local c = vim.lsp.get_client_by_id(ev.data.client_id)
+      if c and c.name == NAME and vim.api.nvim_get_current_buf() == buf and vim.fn.mode():match('^i') then
+        schedule_request(buf)
+      end
+    end,
+  })
   vim.api.nvim_create_autocmd('LspDetach', {
     group = group,
     buffer = buf,
