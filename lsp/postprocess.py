@@ -256,7 +256,7 @@ def finalize(ctx: CursorContext, text: str, truncated: bool = False) -> Completi
     if cut is not None:
         text = text[:cut]
         truncated = False
-    if truncated and ctx.multiline and "\n" in text:
+    if truncated:
         text = _trim_truncated(ctx, text)
     text = text.rstrip()
     if not text.strip():
@@ -288,15 +288,29 @@ def _first_outer(ctx: CursorContext, text: str) -> int | None:
 
 
 def _trim_truncated(ctx: CursorContext, text: str) -> str:
-    """Drop the (probably cut-off) last line, then back off to a line end where the completion's own
-    brackets are all closed, when there is one."""
-    text = text[: text.rfind("\n")]
+    """A completion cut off by the token limit: in multi-line mode drop the (probably partial) last
+    line and back off to a line end where the completion's own brackets are all closed; then, if a
+    bracket it opened is still open, cut before the outermost such bracket."""
+    if ctx.multiline and "\n" in text:
+        text = text[: text.rfind("\n")]
+        scan = _Scanner(ctx.open_brackets, ctx.open_quote, ctx.comment)
+        balanced_end = -1
+        for i, ch in enumerate(text):
+            scan.feed(ch)
+            if ch == "\n" and scan.depth <= 0:
+                balanced_end = i
+        if scan.depth > 0 and balanced_end > 0:
+            text = text[:balanced_end]
     scan = _Scanner(ctx.open_brackets, ctx.open_quote, ctx.comment)
-    balanced_end = -1
+    opened: list[int] = []  # indices of the completion's own unclosed openers
     for i, ch in enumerate(text):
+        in_code = not scan.quote and not scan.in_comment
+        before = scan.depth
         scan.feed(ch)
-        if ch == "\n" and scan.depth <= 0:
-            balanced_end = i
-    if scan.depth > 0 and balanced_end > 0:
-        text = text[:balanced_end]
+        if in_code and ch in OPENERS and scan.depth > before:
+            opened.append(i)
+        elif in_code and ch in CLOSERS and opened and scan.depth < before:
+            opened.pop()
+    if opened:
+        text = text[: opened[0]]
     return text

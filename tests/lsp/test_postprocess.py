@@ -94,3 +94,19 @@ def test_truncated_multiline_drops_partial_last_line_and_unclosed_brackets():
 def test_crlf_prefix_line_detection():
     ctx = make_context("a = 1\r\nb = ", "\r\n")
     assert ctx.line_prefix == "b = " and ctx.line_suffix == ""
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "raw", "want"),
+    [
+        # single line cut off inside a call it opened: back to before the call (not a dangling "(")
+        ("out = f", '"x"\n', ".append(self.path, self.path", Completion(".append", 0)),
+        ("x = ", "\n", "compute(a) + g(b, c", Completion("compute(a) + g", 0)),
+        # nothing of its own left open: kept whole
+        ("x = ", "\n", "compute(a) + b", Completion("compute(a) + b", 0)),
+        # a string opened by the completion does not count as a bracket
+        ("x = ", "\n", "'(' + name", Completion("'(' + name", 0)),
+    ],
+)
+def test_truncated_trims_unclosed_brackets(prefix, suffix, raw, want):
+    assert finalize(make_context(prefix, suffix), raw, truncated=True) == want
