@@ -8,7 +8,7 @@ import {
     WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
 import { serverOptions, serverSettings, Settings } from './server';
-import { StatusBar } from './status';
+import { StatusBar, summarize } from './status';
 
 const ACCEPTED_COMMAND = 'specls.accepted';
 
@@ -63,6 +63,34 @@ async function pollStats(): Promise<void> {
         status.setStats(stats);
     } catch (e) {
         output?.debug(`specls/stats failed: ${e}`);
+    }
+}
+
+/** Right after (re)start: ready only once the server says its model is loaded. A server without that
+ * state in its stats (or without stats) counts as ready. */
+async function settleAfterStart(): Promise<void> {
+    if (!client || !status) {
+        return;
+    }
+    try {
+        const stats = await client.sendRequest<Record<string, unknown>>('specls/stats', {});
+        status.setStats(stats);
+        const state = summarize(stats).state;
+        if (state === undefined || state === 'ready') {
+            status.setReady();
+        }
+    } catch (e) {
+        output?.debug(`specls/stats failed: ${e}`);
+        status.setReady();
+    }
+}
+
+/** The model finished loading: ask again for the editor the user is typing in (a request during the
+ * load got nothing). */
+function retriggerInlineSuggest(): void {
+    const editor = vscode.window.activeTextEditor;
+    if (editor && languageEnabled(readSettings(), editor.document.languageId)) {
+        void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
     }
 }
 
@@ -124,8 +152,7 @@ async function startClient(context: vscode.ExtensionContext): Promise<void> {
         if (e.newState === State.Stopped) {
             status?.setError('server stopped (see the specls log)');
         } else if (e.newState === State.Running) {
-            status?.setReady(); // also after the client restarted a crashed server
-            void pollStats();
+            void settleAfterStart(); // also after the client restarted a crashed server
         }
     });
     try {
@@ -141,17 +168,15 @@ async function startClient(context: vscode.ExtensionContext): Promise<void> {
         const sub = c.onProgress(WorkDoneProgress.type, token, (value) => {
             if (value.kind === 'end') {
                 sub.dispose();
-                status?.setReady();
-                void pollStats();
+                void settleAfterStart().then(retriggerInlineSuggest);
             } else {
                 status?.setLoading(value.message ?? value.kind, value.percentage);
             }
         });
         context.subscriptions.push(sub);
     });
-    status!.setReady();
     updateEnabledState();
-    void pollStats();
+    await settleAfterStart();
 }
 
 async function stopClient(): Promise<void> {

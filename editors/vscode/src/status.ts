@@ -83,7 +83,10 @@ export class StatusBar implements vscode.Disposable {
         if (summary.state === 'failed') {
             this.kind = 'error';
             this.detail = summary.error ?? 'model load failed';
-        } else if ((summary.state === 'loading' || summary.state === 'new') && this.kind === 'ready') {
+        } else if (summary.state === 'loading' || summary.state === 'new') {
+            if (this.kind === 'loading') {
+                return this.render(); // keep the progress text
+            }
             this.kind = 'loading';
             this.detail = 'loading model';
         } else if (summary.state === 'ready' && this.kind === 'loading') {
