@@ -19,6 +19,7 @@ rest of the line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 OPENERS = "([{"
@@ -212,6 +213,9 @@ def stop_point(ctx: CursorContext, text: str) -> int | None:
         elif ch == "\n" and closed_outer:
             stops.append(i)
             break
+    loop = repetition_cut(text)
+    if loop is not None:
+        stops.append(loop)
     if not ctx.multiline:
         nl = text.find("\n")
         if nl >= 0:
@@ -221,6 +225,20 @@ def stop_point(ctx: CursorContext, text: str) -> int | None:
         if line_rule is not None:
             stops.append(line_rule)
     return min(stops) if stops else None
+
+
+_LOOP = re.compile(r"([^\n]{2,24}?)\1{3}")  # a unit of 2-24 characters, then 3 more copies of it
+
+
+def repetition_cut(text: str) -> int | None:
+    """A small model can fall into a loop (``self.path.path.path.path``): where the first unit with
+    a letter in it (``0, 0, 0, 0`` is data) repeats 4 times in a row, keep one copy."""
+    pos = 0
+    while (m := _LOOP.search(text, pos)) is not None:
+        if any(ch.isalpha() for ch in m.group(1)):
+            return m.start() + len(m.group(1))
+        pos = m.start() + 1
+    return None
 
 
 def _line_rules(ctx: CursorContext, text: str) -> int | None:

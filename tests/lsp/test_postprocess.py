@@ -110,3 +110,20 @@ def test_crlf_prefix_line_detection():
 )
 def test_truncated_trims_unclosed_brackets(prefix, suffix, raw, want):
     assert finalize(make_context(prefix, suffix), raw, truncated=True) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("self.path.path.path.path.path", "self.path"),  # not the whole loop
+        ("x = [0, 0, 0, 0, 0]", None),  # data, not a loop (no letter in the unit)
+        ("        return x", None),  # indentation is not a loop
+        ("# ----------", None),
+        ("ab", None),
+    ],
+)
+def test_repetition_cut(text, want):
+    from specls.lsp.postprocess import repetition_cut
+
+    cut = repetition_cut(text)
+    assert (None if cut is None else text[:cut]) == want
