@@ -5,7 +5,7 @@ client), or uses ``--connect HOST:PORT`` (with ``--token``). Each client is a sm
 that opens a held-out file (stdlib test directories, never trained on) with a region cut out and types
 that region back keystroke by keystroke: ``didChange`` + ``textDocument/inlineCompletion`` per
 keystroke, ``$/cancelRequest`` for the previous request when the next key comes first (as editors do),
-and a pause at the end of each line where it waits for the suggestion. Prints p50/p95
+and a pause at the end of each line's text (before Enter) where it waits for the suggestion. Prints p50/p95
 keystroke->result latency of answered requests, completions served, errors (must be 0),
 cancellations, and the server's RSS at start (engine loaded, before clients) and end (all clients
 gone).
@@ -195,6 +195,17 @@ async def typist(
                 for ch in typed_line:
                     if time.monotonic() >= deadline:
                         break
+                    if ch == "\n" and pending is not None:
+                        # end of the line's text: wait for the suggestion and "read" it before Enter
+                        try:
+                            await asyncio.wait_for(asyncio.shield(pending[1]), typing.result_timeout_s)
+                        except TimeoutError:
+                            stats.errors.append("no result within the timeout")
+                        except ConnectionError as exc:
+                            stats.errors.append(f"connection: {exc}")
+                            return
+                        pending = None
+                        await asyncio.sleep(typing.line_pause_s)
                     if pending is not None and not pending[1].done():
                         client.notify("$/cancelRequest", {"id": pending[0]})
                         stats.cancellations += 1
@@ -226,19 +237,8 @@ async def typist(
                     fut.add_done_callback(partial(_record, sent=sent, stats=stats))
                     pending = (rid, fut, sent)
                     await asyncio.sleep(rng.expovariate(typing.chars_per_s))
-                # end of line: wait for the suggestion, then "read" it
-                if pending is not None:
-                    try:
-                        await asyncio.wait_for(asyncio.shield(pending[1]), typing.result_timeout_s)
-                    except TimeoutError:
-                        stats.errors.append("no result within the timeout")
-                    except ConnectionError as exc:
-                        stats.errors.append(f"connection: {exc}")
-                        return
-                    pending = None
                 if time.monotonic() >= deadline:
                     break
-                await asyncio.sleep(typing.line_pause_s)
             client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
         try:
             await client.call("shutdown", None, 30)
