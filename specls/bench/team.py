@@ -314,9 +314,14 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def run_clients(
-    host: str, port: int, tokens: list[str | None], duration: float, typing: TypingSettings
+    host: str,
+    port: int,
+    tokens: list[str | None],
+    duration: float,
+    typing: TypingSettings,
+    files: list[Path] | None = None,
 ) -> list[ClientStats]:
-    files = heldout_files()
+    files = files if files is not None else heldout_files()
     if not files:
         raise RuntimeError("no held-out files found (stdlib test directories)")
     deadline = time.monotonic() + duration
@@ -419,6 +424,7 @@ def _bench_team(args: argparse.Namespace) -> int:
         try:
             before = asyncio.run(wait_ready(host, port, tokens[-1]))
             rss_start = rss_mb(proc.pid)
+            files = heldout_files()
             rounds_rss: list[float] = []
             for r in range(max(1, args.rounds)):
                 t0 = time.monotonic()
@@ -429,6 +435,7 @@ def _bench_team(args: argparse.Namespace) -> int:
                         list(tokens[: args.clients]),
                         args.duration,
                         replace(typing, seed=typing.seed + r),
+                        files,
                     )
                 )
                 elapsed = time.monotonic() - t0
