@@ -77,8 +77,7 @@ def main(argv: list[str]) -> int:
             "1",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=subprocess.DEVNULL,  # llama.cpp logs a lot: a pipe nobody reads would block it
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     ok = True
