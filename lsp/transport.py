@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, BinaryIO
 
 from pygls.lsp.server import LanguageServer
@@ -173,6 +173,18 @@ def serve_stdio(server: LanguageServer, stdin: BinaryIO | None = None, stdout: B
     return asyncio.run(_serve_stdio(server, in_stream, writer))
 
 
+async def _read_or_stop(read: Awaitable[bytes], stop: asyncio.Event) -> bytes | None:
+    """The next chunk from ``read``, or None (the read cancelled) when ``stop`` is set first."""
+    reading = asyncio.ensure_future(read)
+    stopping = asyncio.ensure_future(stop.wait())
+    finished, _ = await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if reading not in finished:
+        reading.cancel()
+        return None
+    stopping.cancel()
+    return reading.result()
+
+
 async def _serve_stdio(server: SpeclsServer, in_stream: BinaryIO, writer: _StdoutWriter) -> int:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -196,14 +208,9 @@ async def _serve_stdio(server: SpeclsServer, in_stream: BinaryIO, writer: _Stdou
     threading.Thread(target=pump, name="specls-stdin", daemon=True).start()
     try:
         while not done.is_set():
-            getter = asyncio.ensure_future(queue.get())
-            waiter = asyncio.ensure_future(done.wait())
-            finished, _ = await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if getter not in finished:
-                getter.cancel()
+            chunk = await _read_or_stop(queue.get(), done)
+            if chunk is None:
                 break
-            waiter.cancel()
-            chunk = getter.result()
             if not chunk:
                 logger.info("stdin closed")
                 break
@@ -234,15 +241,8 @@ async def serve_tcp(
         server.session.on_exit = lambda clean: closed.set()
         try:
             while not closed.is_set():
-                read = asyncio.ensure_future(reader.read(65536))
-                wait = asyncio.ensure_future(closed.wait())
-                finished, _ = await asyncio.wait({read, wait}, return_when=asyncio.FIRST_COMPLETED)
-                if read not in finished:
-                    read.cancel()
-                    break
-                wait.cancel()
-                chunk = read.result()
-                if not chunk:
+                chunk = await _read_or_stop(reader.read(65536), closed)
+                if not chunk:  # stopped (None) or end of stream (b"")
                     break
                 conn.feed(chunk)
         except (ConnectionError, OSError) as exc:
