@@ -58,6 +58,10 @@ class ModelSpec:
     bos_token_id: int | None = None
     source: str = ""
     format_version: int = FORMAT_VERSION
+    # a second graph with the same I/O but a dynamic batch axis, for passes over several sequences at
+    # once (fused exports fix the batch to 1); None: batched passes use ``onnx_file`` if its batch axis
+    # is dynamic, else the model cannot batch
+    batch_onnx_file: str | None = None
 
     @property
     def uses_position_ids(self) -> bool:
@@ -96,6 +100,7 @@ class ModelSpec:
             "fim": self.fim.to_dict() if self.fim else None,
             "max_context": self.max_context,
             "source": self.source,
+            "batch_onnx_file": self.batch_onnx_file,
         }
 
     def write(self, model_dir: Path) -> Path:
@@ -187,6 +192,9 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
         name = get_str(key)
         if Path(name).name != name:
             raise _err(path, f"field {key!r} must be a plain file name, got {name!r}")
+    batch_file = d.get("batch_onnx_file")
+    if batch_file is not None and (not isinstance(batch_file, str) or Path(batch_file).name != batch_file):
+        raise _err(path, f"field 'batch_onnx_file' must be a plain file name or null, got {batch_file!r}")
     source = d.get("source", "")
     spec = ModelSpec(
         format_version=version,
@@ -212,6 +220,7 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
         kv_layout=kv_layout,
         bos_token_id=bos,
         source=source if isinstance(source, str) else "",
+        batch_onnx_file=batch_file,
     )
     if len(set(spec.graph_inputs)) != len(spec.graph_inputs):
         raise _err(path, "graph input names overlap")
@@ -235,7 +244,9 @@ def load_spec(model_dir: str | Path) -> ModelSpec:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _err(path, f"unreadable JSON ({exc})") from None
     spec = spec_from_dict(raw, path)
-    for name in (spec.onnx_file, spec.tokenizer_file):
+    for name in (spec.onnx_file, spec.tokenizer_file, spec.batch_onnx_file):
+        if name is None:
+            continue
         f = model_dir / name
         if not f.is_file():
             raise _err(f, f"missing (named by {SPEC_FILE})")

@@ -83,6 +83,8 @@ def test_spec_roundtrip(tmp_path: Path) -> None:
         ("eos_token_ids", [1000], "eos_token_ids"),
         ("onnx_file", "../model.onnx", "onnx_file"),
         ("fim", {"family": "x"}, "fim.prefix"),
+        ("batch_onnx_file", "sub/model.batch.onnx", "batch_onnx_file"),
+        ("batch_onnx_file", 3, "batch_onnx_file"),
     ],
 )
 def test_spec_bad_field(tmp_path: Path, field: str, value: object, needle: str) -> None:
@@ -93,6 +95,17 @@ def test_spec_bad_field(tmp_path: Path, field: str, value: object, needle: str) 
     with pytest.raises(ModelLoadError) as ei:
         load_spec(d)
     assert SPEC_FILE in str(ei.value) and needle in str(ei.value)
+
+
+def test_spec_batch_graph(tmp_path: Path) -> None:
+    spec = make_spec(batch_onnx_file="model.batch.onnx")
+    d = write_dir(tmp_path, spec)
+    with pytest.raises(ModelLoadError, match="model.batch.onnx"):  # named but missing
+        load_spec(d)
+    (d / "model.batch.onnx").write_bytes(b"x")
+    assert load_spec(d) == spec
+    (tmp_path / "plain").mkdir()
+    assert load_spec(write_dir(tmp_path / "plain", make_spec())).batch_onnx_file is None
 
 
 def test_spec_missing_files(tmp_path: Path) -> None:
