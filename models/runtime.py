@@ -7,6 +7,12 @@ CPU: past KV lives as numpy arrays; each forward feeds them and keeps the graph'
 (already past+new long) as the next past, so no concatenation happens on our side. ``truncate`` is a
 slice on the sequence axis.
 
+Batched passes (``OnnxCausalLM.forward_batch``): several CPU caches advance in one ORT run of the
+model's dynamic-batch graph (``ModelSpec.batch_onnx_file``, or the main graph when its batch axis is
+dynamic). Pasts are right-padded to the longest, new tokens right-padded to the most; the attention mask
+hides both paddings and position ids are per sequence, so each sequence's logits and KV equal its own
+single pass up to float rounding. Each cache keeps only its real positions afterwards.
+
 CUDA (``BoundKVCache``): past KV stays on the device as OrtValues bound through IOBinding; only
 ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice graph on the device
 (``_DeviceOps``, no host round trip); ``forward_greedy`` takes the argmax there too.
@@ -15,6 +21,7 @@ ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice gr
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,6 +124,8 @@ class OnnxCausalLM:
         ]
         self.output_names: list[str] = [self.spec.logits_name, *self.present_names]
         self._device_ops: dict[str, _DeviceOps] = {}
+        self._batch_session: Any = None
+        self._batch_lock = threading.Lock()
         if self.provider == "cuda" and self.spec.dtype == "fp32":
             log.warning(
                 "%s is an fp32 graph on CUDA: ONNX Runtime's fused CUDA attention needs fp16 "
@@ -150,6 +159,96 @@ class OnnxCausalLM:
     def warmup(self) -> None:
         """One tiny forward so the first real request does not pay ORT's lazy initialisation."""
         self.new_cache().forward([0, 0])
+
+    def batch_graph(self) -> Path | None:
+        """The graph that can run a pass over several sequences, or None (see the module docstring)."""
+        if self.provider != "cpu":
+            return None  # device caches are bound per sequence; batching them is not implemented
+        if self.spec.batch_onnx_file is not None:
+            return self.model_dir / self.spec.batch_onnx_file
+        batch_dim = self.session.get_inputs()[0].shape[0]
+        return None if isinstance(batch_dim, int) else self.model_dir / self.spec.onnx_file
+
+    def enable_batching(self) -> bool:
+        """Load the batch graph (once; the main graph is reused when it can batch). False when the
+        model cannot batch; a broken batch graph raises ModelLoadError."""
+        path = self.batch_graph()
+        if path is None:
+            return False
+        with self._batch_lock:
+            if self._batch_session is None:
+                if path == self.model_dir / self.spec.onnx_file:
+                    self._batch_session = self.session
+                else:
+                    t0 = time.perf_counter()
+                    sess, _ = _create_session(path, self.settings)
+                    check_graph_io(
+                        self.spec,
+                        path,
+                        [GraphIO(i.name, i.type, tuple(i.shape)) for i in sess.get_inputs()],
+                        [GraphIO(o.name, o.type, tuple(o.shape)) for o in sess.get_outputs()],
+                    )
+                    if isinstance(sess.get_inputs()[0].shape[0], int):
+                        raise ModelLoadError(f"{path}: its batch axis is fixed; it cannot batch")
+                    self._batch_session = sess
+                    log.info("loaded batch graph %s in %.0f ms", path, 1000 * (time.perf_counter() - t0))
+        return True
+
+    def forward_batch(self, caches: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """One pass over several sequences: ``caches[i]`` (this model's CPU caches) grows by ``ids[i]``;
+        returns each one's logits [n_i, vocab] float32, as its own ``forward`` would (up to rounding).
+        Needs ``enable_batching()``. Every input is checked before anything runs."""
+        if self._batch_session is None:
+            raise RuntimeError("forward_batch needs enable_batching() first")
+        if len(caches) != len(ids):
+            raise ValueError(f"{len(caches)} caches but {len(ids)} id lists")
+        spec = self.spec
+        seqs: list[OrtKVCache] = []
+        arrs: list[np.ndarray] = []
+        for cache, seq_ids in zip(caches, ids, strict=True):
+            if type(cache) is not OrtKVCache or cache._lm is not self:
+                raise TypeError("forward_batch takes this model's CPU caches (OrtKVCache)")
+            if any(cache is s for s in seqs):
+                raise ValueError("the same cache appears twice in one batch")
+            seqs.append(cache)
+            arrs.append(_check_ids(seq_ids, spec, cache.length))
+        live = [i for i, a in enumerate(arrs) if a.size]
+        out = [np.zeros((0, spec.vocab_size), dtype=np.float32) for _ in arrs]
+        if not live:
+            return out
+        b = len(live)
+        lens = [seqs[i].length for i in live]
+        news = [arrs[i].size for i in live]
+        p_max, s_max = max(lens), max(news)
+        input_ids = np.zeros((b, s_max), dtype=np.int64)  # [b, s]; padding: token 0, masked out
+        mask = np.zeros((b, p_max + s_max), dtype=np.int64)  # [b, p_max + s]
+        pos = np.zeros((b, s_max), dtype=np.int64)  # [b, s]
+        for j, i in enumerate(live):
+            p, n = lens[j], news[j]
+            input_ids[j, :n] = arrs[i]
+            mask[j, :p] = 1
+            mask[j, p_max : p_max + n] = 1
+            pos[j] = np.arange(p, p + s_max)
+        feed: dict[str, np.ndarray] = {"input_ids": input_ids, "attention_mask": mask}
+        if spec.uses_position_ids:
+            feed["position_ids"] = pos
+        for k, name in enumerate(self.past_names):
+            past = np.zeros((b, spec.num_kv_heads, p_max, spec.head_dim), dtype=self.kv_dtype)  # [b,kv,p,hd]
+            for j, i in enumerate(live):
+                past[j, :, : lens[j]] = seqs[i]._past[k][0]
+            feed[name] = past
+        outs = self._batch_session.run(self.output_names, feed)
+        logits, presents = outs[0], outs[1:]  # [b, s, vocab]; each [b, kv, p_max + s, hd]
+        for j, i in enumerate(live):
+            p, n = lens[j], news[j]
+            seqs[i]._past = [
+                np.concatenate([pr[j : j + 1, :, :p], pr[j : j + 1, :, p_max : p_max + n]], axis=2)
+                for pr in presents
+            ]  # each [1, kv, p + n, hd]
+            seqs[i]._length = p + n
+            row = logits[j, :n]  # [n, vocab]
+            out[i] = row if row.dtype == np.float32 else row.astype(np.float32)
+        return out
 
     def device_ops(self, device: str) -> _DeviceOps:
         if device not in self._device_ops:

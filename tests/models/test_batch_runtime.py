@@ -1,0 +1,112 @@
+"""OnnxCausalLM.forward_batch: one ORT pass over several caches == each cache's own pass."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from specls.models.runtime import OnnxCausalLM, OrtKVCache
+
+
+@pytest.fixture(scope="module")
+def plain_dir(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama exported without fusions: its own graph has a dynamic batch axis."""
+    from specls.models.export import ExportOptions, export_model
+
+    out = tmp_path_factory.mktemp("plain") / "llama"
+    return export_model(
+        str(tiny_checkpoints["llama"]), out, ExportOptions(tolerance=1e-4, ort_fusions="none")
+    )
+
+
+@pytest.fixture(scope="module")
+def fused_with_batch_graph(
+    exported: dict[str, Path], plain_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The fused (batch-1) export plus the plain graph as its ``batch_onnx_file``."""
+    d = tmp_path_factory.mktemp("fusedb") / "llama"
+    shutil.copytree(exported["llama"], d)
+    shutil.copy(plain_dir / "model.onnx", d / "model.batch.onnx")
+    spec = json.loads((d / "specls.json").read_text())
+    spec["batch_onnx_file"] = "model.batch.onnx"
+    (d / "specls.json").write_text(json.dumps(spec))
+    return d
+
+
+def _copy(cache: OrtKVCache, lm: OnnxCausalLM) -> OrtKVCache:
+    twin = lm.new_cache()
+    twin._past = [p.copy() for p in cache._past]
+    twin._length = cache.length
+    return twin
+
+
+def _check_batch(lm: OnnxCausalLM, prompts: list[list[int]], steps: list[list[list[int]]]) -> None:
+    """Prefill each cache alone, then run ``steps`` (ids per cache per step) batched and compare each
+    cache's logits and KV against the same steps run one cache at a time."""
+    caches = [lm.new_cache() for _ in prompts]
+    for c, p in zip(caches, prompts, strict=True):
+        c.forward(p)
+    refs = [_copy(c, lm) for c in caches]
+    for step in steps:
+        got = lm.forward_batch(caches, step)
+        for c, r, ids, g in zip(caches, refs, step, got, strict=True):
+            want = r.forward(ids) if ids else np.zeros((0, lm.vocab_size), dtype=np.float32)
+            assert g.shape == want.shape == (len(ids), lm.vocab_size)
+            if ids:
+                assert np.abs(g - want).max() < 1e-4
+                assert (g.argmax(-1) == want.argmax(-1)).all()
+            assert c.length == r.length
+            for a, b in zip(c._past, r._past, strict=True):
+                assert a.shape == b.shape
+                assert np.abs(a - b).max() < 1e-4
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], [40]]
+STEPS = [
+    [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10], [11, 12]],  # different past and new lengths
+    [[13], [14, 15, 16], [], [17]],  # an empty entry advances nothing
+    [[18, 19], [20], [21], [22, 23, 24, 25]],
+]
+
+
+def test_dynamic_main_graph_batches(plain_dir: Path) -> None:
+    lm = OnnxCausalLM(plain_dir)
+    assert lm.batch_graph() == plain_dir / "model.onnx"
+    assert lm.enable_batching()
+    _check_batch(lm, PROMPTS, STEPS)
+
+
+def test_fused_graph_batches_through_its_batch_graph(fused_with_batch_graph: Path) -> None:
+    lm = OnnxCausalLM(fused_with_batch_graph)
+    assert lm.batch_graph() == fused_with_batch_graph / "model.batch.onnx"
+    assert lm.enable_batching()
+    _check_batch(lm, PROMPTS, STEPS)  # batched passes on one graph == single passes on the fused one
+
+
+def test_fused_graph_alone_cannot_batch(exported: dict[str, Path]) -> None:
+    lm = OnnxCausalLM(exported["llama"])
+    assert lm.batch_graph() is None
+    assert not lm.enable_batching()
+    with pytest.raises(RuntimeError, match="enable_batching"):
+        lm.forward_batch([lm.new_cache()], [[1]])
+
+
+def test_bad_batch_input_changes_nothing(plain_dir: Path) -> None:
+    lm = OnnxCausalLM(plain_dir)
+    assert lm.enable_batching()
+    a, b = lm.new_cache(), lm.new_cache()
+    a.forward([1, 2, 3])
+    before = [p.copy() for p in a._past]
+    with pytest.raises(ValueError, match="out of range"):
+        lm.forward_batch([a, b], [[4], [lm.vocab_size]])  # Not a partial pass over a
+    assert a.length == 3 and b.length == 0
+    assert all(np.array_equal(x, y) for x, y in zip(a._past, before, strict=True))
+    with pytest.raises(ValueError, match="twice"):
+        lm.forward_batch([a, a], [[4], [5]])
+    with pytest.raises(TypeError):
+        lm.forward_batch([object()], [[4]])
+    with pytest.raises(ValueError, match="caches but"):
+        lm.forward_batch([a], [[4], [5]])
