@@ -9,9 +9,12 @@ n-gram index) + the draft model (hybrid), and in front of them the document's pr
 the user typed its beginning ("completion reuse": typing through a suggestion costs about one target
 pass). Greedy output equals plain greedy decoding of the target whatever the drafters propose.
 
-Threading: ``complete`` runs in one worker thread at a time (serialised by a lock);
-``update_document``/``close_document`` may come from any thread (they only touch pending state under
-a short lock).
+Threading: ``complete`` runs in one worker thread at a time (serialised by a lock), unless batching is
+on (``EngineSettings.batching.max_batch > 1`` and a target that can batch): then completes of different
+documents run concurrently (one at a time per document), each decode loop's target passes go through a
+shared ``PassBatcher`` that joins concurrent passes into one batched pass, and prompt building stays
+serialised. ``update_document``/``close_document`` may come from any thread (they only touch pending
+state under a short lock).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +44,7 @@ from specls.decoder.api import (
     KVCache,
     never_cancelled,
 )
+from specls.decoder.batching import BatchSettings, PassBatcher
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.ngram import NgramIndex
 from specls.prompt import (
@@ -92,6 +97,8 @@ class EngineSettings:
     # re-indexing the buffer being completed from an edit this far from its end waits for the interval
     reindex_max_chars: int = 16_000
     reindex_interval_s: float = 5.0
+    # joining concurrent requests' target passes (team service); max_batch 1 = off
+    batching: BatchSettings = BatchSettings(max_batch=1)
 
 
 @dataclass
@@ -341,6 +348,34 @@ class _TextStop:
         return True
 
 
+class _KeyedLocks:
+    """One lock per key, created on first use and dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users <= 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._locks)
+
+
 def common_prefix_chars(a: str, b: str) -> int:
     """Length of the common prefix of two strings (binary search over slice compares, done in C)."""
     lo, hi = 0, min(len(a), len(b))
@@ -376,7 +411,10 @@ class OnnxEngine:
         self.settings = settings
         self._models = models
         self._lock = threading.Lock()  # documents, pending texts, counters
-        self._run_lock = threading.Lock()  # one complete() at a time
+        self._run_lock = threading.Lock()  # one complete() at a time (without batching)
+        self._prep_lock = threading.Lock()  # index updates and prompt building
+        self._doc_locks = _KeyedLocks()  # with batching: one complete() at a time per document
+        self._batcher: PassBatcher | None = None
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
         self._pending: dict[str, str | None] = {}  # doc -> new text (None = closed) not yet indexed
         self._indexed: dict[str, tuple[str, float]] = {}  # doc -> (indexed text, monotonic time)
@@ -457,6 +495,27 @@ class OnnxEngine:
         self._encoder = DocumentEncoder(models.tokenizer)
         if self.settings.speculate and self.settings.use_lookup:
             self._index = NgramIndex()
+        self._batcher = self._make_batcher(models.target)
+
+    def _make_batcher(self, target: CausalLM) -> PassBatcher | None:
+        batching = self.settings.batching
+        if batching.max_batch <= 1:
+            return None
+        enable = getattr(target, "enable_batching", None)
+        forward_batch = getattr(target, "forward_batch", None)
+        try:
+            ok = enable is not None and forward_batch is not None and bool(enable())
+        except Exception as exc:  # a broken batch graph: serve unbatched, say why
+            logger.warning("batching off: the target's batch graph cannot be loaded (%s)", exc)
+            return None
+        if not ok:
+            logger.warning(
+                "batching off: the target has no dynamic-batch graph (export with --batch-graph or "
+                "--ort-fusions none)"
+            )
+            return None
+        logger.info("batching target passes of up to %d requests", batching.max_batch)
+        return PassBatcher(forward_batch, batching)  # type: ignore[arg-type]
 
     @property
     def ready(self) -> bool:
@@ -484,7 +543,7 @@ class OnnxEngine:
     def flush(self) -> None:
         """Index every pending document update now (``complete`` defers big re-indexing of the buffer
         being typed in; a server may call this when idle)."""
-        with self._run_lock:
+        with self._prep_lock:
             self._flush_pending(None)
 
     def _flush_pending(self, hot_doc: str | None) -> None:
@@ -538,23 +597,31 @@ class OnnxEngine:
         self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
     ) -> CompletionResult:
         models = self.models
+        if self._batcher is not None:
+            with self._doc_locks.hold(request.doc_id), self._batcher.participant():
+                return self._complete_counted(models, request, cancelled)
         with self._run_lock:
-            t0 = time.perf_counter()
-            try:
-                result = self._complete(models, request, cancelled)
-            except EngineError:
-                with self._lock:
-                    self._counters.errors += 1
-                raise
-            ms = (time.perf_counter() - t0) * 1e3
+            return self._complete_counted(models, request, cancelled)
+
+    def _complete_counted(
+        self, models: LoadedModels, request: CompletionRequest, cancelled: CancelCheck
+    ) -> CompletionResult:
+        t0 = time.perf_counter()
+        try:
+            result = self._complete(models, request, cancelled)
+        except EngineError:
             with self._lock:
-                c = self._counters
-                c.requests += 1
-                c.cancelled += int(result.cancelled)
-                c.empty += int(not result.text)
-                if not result.cancelled:
-                    self._latency_ms.append(ms)
-            return result
+                self._counters.errors += 1
+            raise
+        ms = (time.perf_counter() - t0) * 1e3
+        with self._lock:
+            c = self._counters
+            c.requests += 1
+            c.cancelled += int(result.cancelled)
+            c.empty += int(not result.text)
+            if not result.cancelled:
+                self._latency_ms.append(ms)
+        return result
 
     def _complete(
         self, models: LoadedModels, request: CompletionRequest, cancelled: CancelCheck
@@ -565,9 +632,10 @@ class OnnxEngine:
             return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
         if cancelled():
             return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider=provider)
-        self._flush_pending(request.doc_id)
         assert self._builder is not None
-        prompt = self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
+        with self._prep_lock:
+            self._flush_pending(request.doc_id)
+            prompt = self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
         max_new = min(request.max_tokens, models.max_positions - len(prompt.tokens))
         if max_new <= 0:
             logger.warning("prompt of %d tokens leaves no room to generate", len(prompt.tokens))
@@ -615,7 +683,8 @@ class OnnxEngine:
         if isinstance(drafter, _TimedDrafter) and state.draft_drafter is not None and s.use_draft:
             drafter.prefetch = self._warm_draft(state.draft_drafter, prompt.tokens)
         try:
-            out = self._generate(models, cache, prompt.tokens, drafter, settings, cancelled, stop)
+            target: KVCache = cache if self._batcher is None else self._batcher.wrap(cache)
+            out = self._generate(models, target, prompt.tokens, drafter, settings, cancelled, stop)
         except Exception as exc:
             # the cache may be half-updated: drop it, the next request starts cold
             state.cache, state.tokens = None, []
@@ -847,6 +916,11 @@ class OnnxEngine:
                 "kv_tokens": kv_tokens,
                 "provider": self._models.provider if self._models is not None else None,
                 "ready": self._models is not None,
+                "batching": (
+                    {"enabled": True, **self._batcher.snapshot()}
+                    if self._batcher is not None
+                    else {"enabled": False, "max_batch": self.settings.batching.max_batch}
+                ),
             }
 
     def reset_stats(self) -> None:

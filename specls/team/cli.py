@@ -62,6 +62,13 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-documents", type=int, default=64, help="in-process engine: documents whose KV caches are kept"
     )
+    g.add_argument(
+        "--batch",
+        type=_batch_size,
+        default=DEFAULT_BATCH,
+        help="run up to N requests at once and join their target passes into one batched pass (in-process "
+        f"engine with a dynamic-batch target graph; the bundled one has it); 1 = off (default {DEFAULT_BATCH})",
+    )
     g.add_argument("--max-queue", type=int, default=64, help="queued requests over all clients")
     g.add_argument("--per-client-queue", type=int, default=4, help="queued requests per client")
     g.add_argument("--no-load-aware", action="store_true", help="never cap speculation under load")
@@ -80,6 +87,19 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+DEFAULT_BATCH = 8
+
+
+def _batch_size(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batch takes a whole number, not {text!r}") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"--batch must be between 1 and 64, not {n}")
+    return n
+
+
 def scheduler_settings_from_args(args: argparse.Namespace) -> Any:
     from specls.team.scheduler import SchedulerSettings
 
@@ -88,6 +108,8 @@ def scheduler_settings_from_args(args: argparse.Namespace) -> Any:
         per_client_queue=args.per_client_queue,
         load_aware=not args.no_load_aware,
         policy=args.speculation_policy,
+        # the fake engine models one pass at a time: concurrent requests would overlap its sleeps
+        workers=1 if getattr(args, "engine", "onnx") == "fake" else getattr(args, "batch", 1),
     )
 
 
@@ -115,13 +137,20 @@ def engine_override_from_args(args: argparse.Namespace) -> Engine | None:
 
 def tune_for_team(engine: Engine, args: argparse.Namespace) -> Engine:
     """A shared server keeps KV caches for many more documents than one editor needs (the in-process
-    engine's default is sized for one user)."""
+    engine's default is sized for one user) and batches concurrent requests' target passes."""
     from dataclasses import replace
 
+    from specls.decoder.batching import BatchSettings
     from specls.engine import OnnxEngine
 
     if isinstance(engine, OnnxEngine) and not engine.ready:
-        return OnnxEngine(replace(engine.settings, kv_documents=max(1, args.kv_documents)))
+        return OnnxEngine(
+            replace(
+                engine.settings,
+                kv_documents=max(1, args.kv_documents),
+                batching=BatchSettings(max_batch=getattr(args, "batch", 1)),
+            )
+        )
     return engine
 
 
@@ -146,6 +175,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
                 stop=QWEN_STOPS if qwen else (),
             )
         )
+    from specls.decoder.batching import BatchSettings
     from specls.engine import EngineSettings, OnnxEngine
 
     threads = args.threads or (os.cpu_count() or 1)
@@ -156,6 +186,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
             use_draft=not args.no_draft_model,
             threads=threads,
             kv_documents=args.kv_documents,
+            batching=BatchSettings(max_batch=getattr(args, "batch", 1)),
         )
     )
 

@@ -1,7 +1,8 @@
 """One engine, many clients: a fair scheduler in front of an ``Engine``.
 
-``FairScheduler`` owns one worker thread that runs the wrapped engine's ``complete`` one request at a
-time (the Engine contract). Each client (one LSP connection) gets a ``ClientSession`` -- itself an
+``FairScheduler`` owns ``workers`` threads that run the wrapped engine's ``complete`` (one by default,
+the Engine contract; more only for an engine that batches concurrent requests, such as ``OnnxEngine``
+with batching on). Two requests for the same document never run at once. Each client (one LSP connection) gets a ``ClientSession`` -- itself an
 ``Engine`` -- whose calls are queued per client:
 
 - per-client FIFO, round-robin across clients: a fast typist queues behind itself, never in front of
@@ -22,8 +23,8 @@ Document ids are namespaced per session so two editors with the same file open n
 corrupt) each other's KV prefix; ``ClientSession.close`` closes all of its documents in the engine
 (freeing their KV caches) and cancels its outstanding requests.
 
-Batching target passes of different clients is not done here: see docs/team.md for the measurement
-and why (the per-sequence ``KVCache`` runtime has no batched forward)."""
+Batching target passes of different clients happens in the engine (``specls.decoder.batching``): the
+scheduler only lets up to ``workers`` requests run at once."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class SchedulerSettings:
     min_acceptance: float = 0.25  # under load, drafting off when recent acceptance is below this
     acceptance_window: int = 32  # results in the rolling acceptance estimate
     poll_s: float = 0.02  # how often a waiting caller re-checks its own cancellation
+    workers: int = 1  # requests running at once (> 1 only for an engine that batches them)
 
 
 @dataclass
@@ -161,7 +163,7 @@ class FairScheduler:
         self._cond = threading.Condition()
         self._queues: dict[int, deque[_Job]] = {}
         self._rr: deque[int] = deque()  # sessions with queued work, in service order
-        self._running: _Job | None = None
+        self._running: list[_Job] = []
         self._sessions: dict[int, ClientSession] = {}
         self._ids = itertools.count(1)
         self._closed = False
@@ -178,8 +180,12 @@ class FairScheduler:
         self._decisions: dict[str, int] = {}
         self._last_decision = SpeculationDecision(None, "idle")
         self._max_depth = 0
-        self._worker = threading.Thread(target=self._run, name="specls-scheduler", daemon=True)
-        self._worker.start()
+        self._workers = [
+            threading.Thread(target=self._run, name=f"specls-scheduler-{i}", daemon=True)
+            for i in range(max(1, settings.workers))
+        ]
+        for w in self._workers:
+            w.start()
 
     # -- sessions --------------------------------------------------------------------------------
 
@@ -215,8 +221,9 @@ class FairScheduler:
             if session.id in self._rr:
                 self._rr.remove(session.id)
             dropped = list(q or ())
-            if self._running is not None and self._running.session is session:
-                self._running.stop_flag = "disconnected"
+            for run in self._running:
+                if run.session is session:
+                    run.stop_flag = "disconnected"
             self._cond.notify_all()
         for job in dropped:
             self._finish_unrun(job, "disconnected")
@@ -263,14 +270,13 @@ class FairScheduler:
                 for old in [j for j in q if j.request.doc_id == request.doc_id]:
                     q.remove(old)
                     to_finish.append((old, "superseded"))
-                run = self._running
-                if (
-                    s.cancel_superseded_running
-                    and run is not None
-                    and run.session is session
-                    and run.request.doc_id == request.doc_id
-                ):
-                    run.stop_flag = "superseded"
+                for run in self._running:
+                    if (
+                        s.cancel_superseded_running
+                        and run.session is session
+                        and run.request.doc_id == request.doc_id
+                    ):
+                        run.stop_flag = "superseded"
             while len(q) >= max(1, s.per_client_queue):
                 to_finish.append((q.popleft(), "dropped"))
             total = sum(len(x) for x in self._queues.values())
@@ -280,7 +286,7 @@ class FairScheduler:
                 total -= 1
             q.append(job)
             self._requeue_rr()
-            depth = total + 1 + (1 if self._running is not None else 0)
+            depth = total + 1 + len(self._running)
             self._max_depth = max(self._max_depth, depth)
             self._cond.notify_all()
         for old, why in to_finish:
@@ -346,11 +352,10 @@ class FairScheduler:
             while True:
                 if self._closed:
                     return None
-                if self._rr:
-                    sid = self._rr.popleft()
-                    q = self._queues.get(sid)
-                    if not q:
-                        continue
+                sid = self._next_session()
+                if sid is not None:
+                    self._rr.remove(sid)
+                    q = self._queues[sid]
                     job = q.popleft()
                     if q:
                         self._rr.append(sid)  # back of the line: round-robin
@@ -361,7 +366,7 @@ class FairScheduler:
                         finally:
                             self._cond.acquire()
                         continue
-                    depth = 1 + sum(len(x) for x in self._queues.values())
+                    depth = 1 + len(self._running) + sum(len(x) for x in self._queues.values())
                     drafted = sum(d for d, _ in self._accept)
                     acc = sum(a for _, a in self._accept) / drafted if drafted else None
                     decision = decide_speculation(self.settings, depth, acc)
@@ -369,9 +374,24 @@ class FairScheduler:
                     self._last_decision = decision
                     job.cap, job.cap_reason = decision.cap, decision.reason
                     job.dispatched = time.monotonic()
-                    self._running = job
+                    self._running.append(job)
                     return job
                 self._cond.wait()
+
+    def _next_session(self) -> int | None:
+        """The first session in service order whose next job can start now (caller holds the lock):
+        its document has no running request (a document's KV cache serves one request at a time)."""
+        for sid in list(self._rr):
+            q = self._queues.get(sid)
+            if not q:
+                self._rr.remove(sid)
+                continue
+            head = q[0]
+            if not any(
+                r.session is head.session and r.request.doc_id == head.request.doc_id for r in self._running
+            ):
+                return sid
+        return None
 
     def _run(self) -> None:
         while True:
@@ -389,7 +409,7 @@ class FairScheduler:
                 error = exc
             now = time.monotonic()
             with self._cond:
-                self._running = None
+                self._running.remove(job)
                 if result is not None:
                     if result.cancelled or job.stop_flag is not None:
                         outcome = job.stop_flag if job.stop_flag == "superseded" else "cancelled"
@@ -426,12 +446,13 @@ class FairScheduler:
         with self._cond:
             self._closed = True
             sessions = list(self._sessions.values())
-            if self._running is not None:
-                self._running.stop_flag = "disconnected"
+            for run in self._running:
+                run.stop_flag = "disconnected"
             self._cond.notify_all()
         for s in sessions:
             s.close()
-        self._worker.join(timeout=10)
+        for w in self._workers:
+            w.join(timeout=10)
 
     def scheduler_stats(self) -> dict[str, object]:
         acc = self.acceptance()
@@ -439,7 +460,8 @@ class FairScheduler:
             return {
                 "active_clients": len(self._sessions),
                 "queue_depth": sum(len(q) for q in self._queues.values()),
-                "running": self._running is not None,
+                "running": len(self._running),
+                "workers": len(self._workers),
                 "max_depth_seen": self._max_depth,
                 **self._counts,
                 "speculation": {
@@ -449,10 +471,6 @@ class FairScheduler:
                     "last_reason": self._last_decision.reason,
                     "decisions": dict(self._decisions),
                     "recent_acceptance": None if acc is None else round(acc, 3),
-                },
-                "batching": {
-                    "enabled": False,
-                    "reason": "runtime KV caches are per sequence (no batched forward); see docs/team.md",
                 },
             }
 

@@ -335,3 +335,76 @@ def test_caps_reach_the_engine_under_load(gate: GateEngine) -> None:
     finally:
         gate.gate.set()
         sched.close()
+
+
+class CountingGateEngine(GateEngine):
+    """A GateEngine that records which documents run at the same time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: list[str] = []
+        self.max_running = 0
+        self.overlap_same_doc = False
+        self._track = threading.Lock()
+
+    def complete(
+        self, request: CompletionRequest, cancelled: Callable[[], bool] = lambda: False
+    ) -> CompletionResult:
+        with self._track:
+            self.overlap_same_doc |= request.doc_id in self.running
+            self.running.append(request.doc_id)
+            self.max_running = max(self.max_running, len(self.running))
+        try:
+            return super().complete(request, cancelled)
+        finally:
+            with self._track:
+                self.running.remove(request.doc_id)
+
+
+def test_workers_run_different_documents_at_once_never_one_document_twice() -> None:
+    engine = CountingGateEngine()
+    engine.load()
+    sched = FairScheduler(engine, SchedulerSettings(workers=3, replace_same_document=False))
+    try:
+        a, b = sched.session("alice"), sched.session("bob")
+        jobs = [
+            in_thread(lambda: a.complete(req("doc1", "a"))),
+            in_thread(lambda: a.complete(req("doc1", "ab"))),  # same document: waits for the first
+            in_thread(lambda: b.complete(req("doc1", "c"))),  # bob's doc1 is another document
+            in_thread(lambda: b.complete(req("doc2", "d"))),
+        ]
+        wait_until(lambda: sched.scheduler_stats()["running"] == 3)
+        assert sched.queue_depth() == 1  # alice's second doc1 request waits for her first
+        assert not engine.overlap_same_doc
+        engine.gate.set()
+        for t, _ in jobs:
+            t.join(10)
+        results = [box.get("result") for _, box in jobs]
+        assert all(isinstance(r, CompletionResult) and r.text for r in results)
+        assert engine.max_running == 3 and not engine.overlap_same_doc
+        assert sched.scheduler_stats()["workers"] == 3
+    finally:
+        engine.gate.set()
+        sched.close()
+
+
+def test_same_document_waits_even_with_a_free_worker() -> None:
+    engine = CountingGateEngine()
+    engine.load()
+    sched = FairScheduler(engine, SchedulerSettings(workers=4, replace_same_document=False))
+    try:
+        a = sched.session("alice")
+        first = in_thread(lambda: a.complete(req("doc1", "a")))
+        wait_until(lambda: sched.scheduler_stats()["running"] == 1)
+        second = in_thread(lambda: a.complete(req("doc1", "ab")))
+        wait_until(lambda: sched.queue_depth() == 1)
+        time.sleep(0.05)  # give a wrongly eager worker the chance to start it
+        assert sched.scheduler_stats()["running"] == 1 and not engine.overlap_same_doc
+        engine.gate.set()
+        for t, _ in (first, second):
+            t.join(10)
+        assert isinstance(second[1].get("result"), CompletionResult)
+        assert engine.max_running == 1 and not engine.overlap_same_doc
+    finally:
+        engine.gate.set()
+        sched.close()
