@@ -358,6 +358,8 @@ def _start_server(args: argparse.Namespace, token_file: Path) -> tuple[subproces
         cmd += ["--threads", str(args.threads)]
     if args.no_load_aware:
         cmd += ["--no-load-aware"]
+    if args.batch is not None:
+        cmd += ["--batch", str(args.batch)]
     cmd += args.server_arg or []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
@@ -465,7 +467,7 @@ def _bench_team(args: argparse.Namespace) -> int:
                 f"superseded {team.get('superseded')} dropped {team.get('dropped')} max depth "
                 f"{team.get('max_depth_seen')}"
             )
-            print(f"batching                {team.get('batching')}")
+            print(f"scheduler workers       {team.get('workers')}")
         eng = after.get("engine") or {}
         eng0 = before.get("engine") or {}
         if eng:
@@ -476,6 +478,16 @@ def _bench_team(args: argparse.Namespace) -> int:
                 print(
                     f"engine KV tokens        {eng0.get('kv_tokens')} before / {eng.get('kv_tokens')} after"
                 )
+            b = eng.get("batching")
+            if isinstance(b, dict):
+                if b.get("enabled"):
+                    print(
+                        f"batching                on (max {b.get('max_batch')}): {b.get('passes')} passes, "
+                        f"{b.get('batched_passes')} batched, mean batch {b.get('mean_batch', 0.0):.2f}, "
+                        f"sizes {b.get('sizes')}"
+                    )
+                else:
+                    print(f"batching                off (max_batch {b.get('max_batch')})")
             if "acceptance" in eng:
                 print(
                     f"engine acceptance       {eng.get('acceptance'):.3f}  tokens/pass {eng.get('tokens_per_pass'):.2f}"
@@ -512,6 +524,9 @@ def register(sub: Any) -> None:
     p.add_argument("--engine", choices=("onnx", "fake"), default="onnx")
     p.add_argument("--threads", type=int, default=0, help="server's onnxruntime threads (0 = default)")
     p.add_argument("--no-load-aware", action="store_true", help="server: no speculation caps under load")
+    p.add_argument(
+        "--batch", type=int, default=None, help="server's --batch (1 = batching off; default: the server's)"
+    )
     p.add_argument("--server-arg", action="append", help="extra argument for `specls serve` (repeatable)")
     p.add_argument("--connect", default=None, metavar="HOST:PORT", help="use a running server")
     p.add_argument("--token", default=None, help="token for --connect")

@@ -146,7 +146,30 @@ def declare_scheduler_gauges(metrics: Metrics, scheduler: FairScheduler) -> None
         value = spec.get("current_cap") if isinstance(spec, dict) else None
         return [({}, -1.0 if value is None else float(value))]
 
+    def running() -> Iterable[tuple[Mapping[str, str], float]]:
+        value = scheduler.scheduler_stats().get("running", 0)
+        return [({}, float(value) if isinstance(value, int) else 0.0)]
+
+    def batching() -> Iterable[tuple[Mapping[str, str], float]]:
+        try:
+            stats = scheduler.engine.stats().get("batching")
+        except Exception:  # an engine without stats (or not loaded): no samples
+            return []
+        if not isinstance(stats, dict) or not stats.get("enabled"):
+            return []
+        return [
+            ({"kind": k}, float(stats[k]))
+            for k in ("passes", "batched_passes", "mean_batch", "solo_prefills", "fallbacks")
+            if isinstance(stats.get(k), int | float)
+        ]
+
     metrics.gauge("queue_depth", "Requests waiting for the engine", callback=depth)
+    metrics.gauge("running_requests", "Requests the engine is decoding now", callback=running)
+    metrics.gauge(
+        "batching",
+        "Batched target passes: passes, batched_passes (>= 2 sequences), mean_batch, solo_prefills, fallbacks",
+        callback=batching,
+    )
     metrics.gauge("active_clients", "Connected client sessions", callback=active)
     metrics.gauge("engine_ready", "1 when the model is loaded", callback=ready)
     metrics.gauge("speculation_cap", "Speculation cap of the last dispatch (-1 = engine's own)", callback=cap)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
-from specls.decoder.testing import FakeLM, FakeLMConfig
+import numpy as np
+from specls.decoder.api import KVCache
+from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
 
 from specls.engine import LoadedModels
 from specls.prompt import FimTokens
@@ -105,3 +108,24 @@ def main(argv):
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
 '''
+
+
+class BatchableFakeLM(FakeLM):
+    """A FakeLM with the runtime's batching surface; records every batched pass's size."""
+
+    def __init__(self, base: FakeLM) -> None:
+        super().__init__(base.config, base.tables)
+        self.sizes: list[int] = []
+        self._lock = threading.Lock()
+        self.enabled = False
+
+    def enable_batching(self) -> bool:
+        self.enabled = True
+        return True
+
+    def forward_batch(self, caches: Sequence[KVCache], ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        assert self.enabled
+        with self._lock:
+            self.sizes.append(len(caches))
+        assert all(isinstance(c, FakeCache) for c in caches)  # the real caches, not the wrappers
+        return [c.forward(i) for c, i in zip(caches, ids, strict=True)]

@@ -5,36 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
 
-import numpy as np
-from specls.decoder.api import CompletionRequest, KVCache
+from specls.decoder.api import CompletionRequest
 from specls.decoder.batching import BatchSettings
-from specls.decoder.testing import FakeCache, FakeLM
+from specls.decoder.testing import FakeLM
 
 from specls.engine import EngineSettings, LoadedModels, OnnxEngine
-from tests.specls.fakes import SOURCE, fake_models
-
-
-class BatchableFakeLM(FakeLM):
-    """A FakeLM with the runtime's batching surface; records every batched pass's size."""
-
-    def __init__(self, base: FakeLM) -> None:
-        super().__init__(base.config, base.tables)
-        self.sizes: list[int] = []
-        self._lock = threading.Lock()
-        self.enabled = False
-
-    def enable_batching(self) -> bool:
-        self.enabled = True
-        return True
-
-    def forward_batch(self, caches: Sequence[KVCache], ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        assert self.enabled
-        with self._lock:
-            self.sizes.append(len(caches))
-        assert all(isinstance(c, FakeCache) for c in caches)  # the real caches, not the wrappers
-        return [c.forward(i) for c, i in zip(caches, ids, strict=True)]
+from tests.specls.fakes import SOURCE, BatchableFakeLM, fake_models
 
 
 def models(batchable: bool) -> LoadedModels:

@@ -152,3 +152,51 @@ def test_healthz_reports_loading() -> None:
     finally:
         server.close()
         svc.close()
+
+
+def test_metrics_report_batching_of_concurrent_clients() -> None:
+    """Four clients at once on a batching engine: /metrics shows joined passes and no running request
+    once they are all served."""
+    import dataclasses
+    import threading
+
+    from specls.decoder.batching import BatchSettings
+    from specls.decoder.testing import FakeLM
+
+    from specls.engine import EngineSettings, OnnxEngine
+    from specls.team.scheduler import SchedulerSettings
+    from tests.specls.fakes import SOURCE, BatchableFakeLM, fake_models
+
+    models = fake_models(allow_eos=False)
+    assert isinstance(models.target, FakeLM)
+    models = dataclasses.replace(models, target=BatchableFakeLM(models.target))
+    batching = BatchSettings(max_batch=4, max_wait_ms=200.0)
+    engine = OnnxEngine(EngineSettings(threads=1, lru_size=0, batching=batching), models)
+    svc = TeamService(TeamSettings(metrics_port=0, scheduler=SchedulerSettings(workers=4)), engine)
+    server = svc.start_metrics()
+    assert server is not None
+    try:
+        sessions = [svc.open_session(f"c{i}") for i in range(4)]
+        barrier = threading.Barrier(4)
+        texts: list[str] = []
+
+        def one(i: int) -> None:
+            cut = SOURCE.index("total = 0") + 3 * i
+            barrier.wait()
+            r = sessions[i].complete(
+                CompletionRequest("file:///w/a.py", SOURCE[:cut], SOURCE[cut:], max_tokens=24)
+            )
+            texts.append(r.text)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(texts) == 4 and all(texts)
+        fams = parse_prometheus_text(server_text(*server.address))
+        passes = {x.labels["kind"]: x.value for x in fams["specls_batching"].samples}
+        assert passes["batched_passes"] >= 1 and passes["mean_batch"] > 1.0
+        assert [x.value for x in fams["specls_running_requests"].samples] == [0]
+    finally:
+        svc.close()
