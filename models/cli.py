@@ -30,6 +30,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fuse into ONNX Runtime ops for a provider (auto: cpu for fp32, cuda for fp16; none: plain graph)",
     )
     p.add_argument("--fim-family", default=None, help="FIM template preset (default: detect from the vocab)")
+    p.add_argument(
+        "--share-weights",
+        action="store_true",
+        help="one copy of the weights: copy the checkpoint's model.safetensors (+ config) into DIR and "
+        "make the graph(s) read their initializers from it",
+    )
+    p.add_argument(
+        "--batch-graph",
+        action="store_true",
+        help="fused exports: also write model.batch.onnx (plain graph, dynamic batch) for batched passes",
+    )
     p.set_defaults(func=_export_cmd)
 
     try:
@@ -73,6 +84,8 @@ def _export_cmd(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
         fim_family=args.fim_family,
         ort_fusions=args.ort_fusions,
+        share_weights=args.share_weights,
+        batch_graph=args.batch_graph,
     )
     if args.tolerance is not None:
         field = "fp16_tolerance" if args.dtype == "fp16" else "tolerance"

@@ -2,7 +2,9 @@
 
 ``python -m specls.models.train --out runs/pair`` or ``specls train --out runs/pair``; ``--resume``
 continues from ``OUT/state.pt``. When done (or with ``--finalize-only``) the weights are rounded to
-fp16-representable values, saved as Hugging Face checkpoints and exported to ONNX.
+fp16-representable values, saved as Hugging Face checkpoints into ``models/bundled/{target,draft}`` and
+exported to ONNX in the same directories, the graphs reading their weights from the checkpoint's
+``model.safetensors`` (one copy of the weights; the target also gets a dynamic-batch ``model.batch.onnx``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODELS_DIR = Path(__file__).resolve().parent
-DEFAULT_CHECKPOINTS = MODELS_DIR / "checkpoints"
 DEFAULT_BUNDLED = MODELS_DIR / "bundled"
 
 
@@ -451,28 +452,39 @@ def save_checkpoint(model: LlamaForCausalLM, tokenizer_file: Path, out_dir: Path
     return out_dir
 
 
-def export_pair(checkpoints: Path, bundled: Path) -> list[Path]:
-    """Export ``checkpoints/{target,draft}`` to ``bundled/{target,draft}`` (fp32 ONNX, verified)."""
+def export_pair(bundled: Path) -> list[Path]:
+    """Export the HF checkpoints in ``bundled/{target,draft}`` in place (fp32 ONNX, verified), the graphs
+    reading their weights from the checkpoint's model.safetensors; the target also gets the
+    dynamic-batch model.batch.onnx. Same as ``specls export DIR --out DIR --share-weights
+    [--batch-graph] --fim-family bundled``."""
     from specls.models.export import ExportOptions, export_model
 
     outs = []
     for name in ("target", "draft"):
-        outs.append(
-            export_model(str(checkpoints / name), bundled / name, ExportOptions(fim_family="bundled"))
-        )
+        options = ExportOptions(fim_family="bundled", share_weights=True, batch_graph=name == "target")
+        outs.append(export_model(_source_name(bundled / name), bundled / name, options))
     return outs
 
 
-def finalize(out_dir: Path, checkpoints: Path, bundled: Path | None) -> None:
-    """fp16-round the trained pair from ``out_dir``, save HF checkpoints, export to ONNX."""
+def _source_name(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it (what export.json records)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def finalize(out_dir: Path, bundled: Path, export: bool = True) -> None:
+    """fp16-round the trained pair from ``out_dir``, save HF checkpoints to ``bundled/{target,draft}``,
+    export them to ONNX there (unless ``export`` is False)."""
     target, draft, _state = load_trained(out_dir)
     for name, model in (("target", target), ("draft", draft)):
         round_to_fp16(model)
-        save_checkpoint(model, out_dir / "tokenizer.json", checkpoints / name)
-        log.info("saved %s checkpoint to %s", name, checkpoints / name)
-    if bundled is not None:
+        save_checkpoint(model, out_dir / "tokenizer.json", bundled / name)
+        log.info("saved %s checkpoint to %s", name, bundled / name)
+    if export:
         try:
-            paths = export_pair(checkpoints, bundled)
+            paths = export_pair(bundled)
         except ImportError as exc:
             log.warning("export unavailable (%s); ONNX pair not written", exc)
         else:
@@ -498,8 +510,12 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=TrainOptions.seed)
     p.add_argument("--max-files", type=int, default=None)
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--checkpoints", type=Path, default=DEFAULT_CHECKPOINTS)
-    p.add_argument("--bundled", type=Path, default=DEFAULT_BUNDLED)
+    p.add_argument(
+        "--bundled",
+        type=Path,
+        default=DEFAULT_BUNDLED,
+        help="HF checkpoints + ONNX graphs go to DIR/{target,draft}",
+    )
     p.add_argument("--no-export", action="store_true", help="save HF checkpoints only")
     p.add_argument("--finalize-only", action="store_true", help="skip training; finalize OUT/state.pt")
 
@@ -523,7 +539,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if not args.finalize_only:
         report = train(options)
         print(json.dumps(report.to_dict(), indent=2))
-    finalize(args.out, args.checkpoints, None if args.no_export else args.bundled)
+    finalize(args.out, args.bundled, export=not args.no_export)
     return 0
 
 

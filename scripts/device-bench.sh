@@ -30,6 +30,8 @@
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 -d /tmp/ortgpu \
 #       onnxruntime-gpu==1.31.1
 #   git ls-files -co --exclude-standard -z | du -ch --files0-from=- | tail -1   # tree size T MiB
+#   # (2026-11-29, with one copy of the bundled weights: 30.3 MB = 28.9 MiB, so T = 29: parts of
+#   # 31 MiB, 255.6 MB = 243.8 MiB -> 8 parts, .whl-p00 .. .whl-p07)
 #   # parts of (60 - T) MiB each, one folder per part, plus a checksum:
 #   w=$(ls /tmp/ortgpu/onnxruntime_gpu-*.whl); mkdir -p /tmp/ortgpu/parts
 #   split -b $((60 - T))M -d -a 2 "$w" "/tmp/ortgpu/parts/$(basename "$w").part-"

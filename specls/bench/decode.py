@@ -36,7 +36,7 @@ class BenchOptions:
     model: str | None = None
     draft: str | None = None
     hf: bool = True
-    checkpoints: str | None = None  # dir with target/ and draft/ HF checkpoints; None = models/checkpoints
+    checkpoints: str | None = None  # dir with target/ and draft/ HF checkpoints; None = models/bundled
     gammas: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
     sweep_points: int = 12
     plot: str | None = None
@@ -409,7 +409,7 @@ def _load_hf(opt: BenchOptions) -> HfBaselines | None:
 def _default_checkpoints() -> Path:
     import specls.models
 
-    return Path(specls.models.__file__).resolve().parent / "checkpoints"
+    return Path(specls.models.__file__).resolve().parent / "bundled"
 
 
 def _compare(s: MethodSummary, models: Any, prompt: list[int], ref: list[int] | None, r: Run) -> None:

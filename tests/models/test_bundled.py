@@ -1,5 +1,6 @@
-"""The bundled target/draft pair ships inside the package: it loads from an installed, non-editable wheel,
-gives finite logits of the right shape, and the draft is at least 8x smaller than the target."""
+"""The bundled target/draft pair ships inside the package: it loads from an installed, non-editable wheel
+(graphs reading their weights from the shipped model.safetensors), gives finite logits of the right
+shape, and the draft is at least 8x smaller than the target."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "models" / "bundled"
-CHECKPOINTS = REPO / "models" / "checkpoints"
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +46,7 @@ _PROBE = textwrap.dedent(
             "vocab": lm.vocab_size,
             "finite": bool(np.isfinite(logits).all() and np.isfinite(more).all()),
             "cache_len": cache.length,
+            "batch_onnx_file": lm.spec.batch_onnx_file,
         }
     print(json.dumps(out))
     """
@@ -56,7 +57,7 @@ _PROBE = textwrap.dedent(
 def test_bundled_pair_loads_from_installed_wheel(tmp_path: Path) -> None:
     # Build from a copy of the package sources (not the live tree, which others edit concurrently).
     src = tmp_path / "src"
-    ignore = shutil.ignore_patterns("__pycache__", "checkpoints", "*.pyc")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("specls", "lsp", "decoder", "models"):
         shutil.copytree(REPO / name, src / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
@@ -70,7 +71,16 @@ def test_bundled_pair_loads_from_installed_wheel(tmp_path: Path) -> None:
     wheels = list(dist.glob("specls-*.whl"))
     assert len(wheels) == 1
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheels[0])], check=True)
-    assert (site / "specls" / "models" / "bundled" / "target" / "model.onnx").is_file()
+    installed = site / "specls" / "models" / "bundled"
+    for role, names in (
+        ("target", ("model.onnx", "model.batch.onnx", "model.safetensors", "config.json", "specls.json")),
+        ("draft", ("model.onnx", "model.safetensors", "config.json", "specls.json")),
+    ):
+        for name in names:
+            assert (installed / role / name).is_file(), (role, name)
+        # one copy of the weights: the graph holds none of them
+        st_bytes = (installed / role / "model.safetensors").stat().st_size
+        assert (installed / role / "model.onnx").stat().st_size < st_bytes / 5
     assert not (site / "specls" / "models" / "checkpoints").exists()
 
     # -S: no site processing, so the editable install's finder cannot shadow the wheel; dependencies
@@ -98,14 +108,16 @@ def test_bundled_pair_loads_from_installed_wheel(tmp_path: Path) -> None:
         assert m["vocab"] >= 8192
         assert m["finite"]
         assert m["cache_len"] == m["n"] + 2
+    assert out["models"]["target"]["batch_onnx_file"] == "model.batch.onnx"
+    assert out["models"]["draft"]["batch_onnx_file"] is None
 
 
-@pytest.mark.skipif(not (CHECKPOINTS / "target" / "config.json").is_file(), reason="no checkpoints")
+@pytest.mark.skipif(not (BUNDLED / "target" / "config.json").is_file(), reason="no HF config in the bundle")
 def test_draft_is_8x_smaller_than_target() -> None:
     from specls.models.train import params_from_config
 
-    target = json.loads((CHECKPOINTS / "target" / "config.json").read_text())
-    draft = json.loads((CHECKPOINTS / "draft" / "config.json").read_text())
+    target = json.loads((BUNDLED / "target" / "config.json").read_text())
+    draft = json.loads((BUNDLED / "draft" / "config.json").read_text())
     pt, pd = params_from_config(target), params_from_config(draft)
     assert 10_000_000 <= pt <= 20_000_000
     assert pd * 8 <= pt
@@ -113,15 +125,18 @@ def test_draft_is_8x_smaller_than_target() -> None:
     assert draft["num_hidden_layers"] <= 2
 
 
-@pytest.mark.skipif(not (CHECKPOINTS / "target" / "config.json").is_file(), reason="no checkpoints")
-def test_bundled_and_checkpoint_tokenizers_match() -> None:
+@_needs_pair
+def test_bundled_tokenizers_match_and_have_the_special_tokens() -> None:
+    vocabs = []
     for role in ("target", "draft"):
-        ck = json.loads((CHECKPOINTS / role / "tokenizer.json").read_text())
-        if (BUNDLED / role / "tokenizer.json").is_file():
-            b = json.loads((BUNDLED / role / "tokenizer.json").read_text())
-            assert b["model"]["vocab"] == ck["model"]["vocab"]
+        ck = json.loads((BUNDLED / role / "tokenizer.json").read_text())
+        vocabs.append(ck["model"]["vocab"])
+        # the HF side of the bundle (tokenizer_config.json) names the same special tokens
+        hf = json.loads((BUNDLED / role / "tokenizer_config.json").read_text())
+        assert hf.get("eos_token") == "<|endoftext|>"
         names = {t["content"]: t["id"] for t in ck["added_tokens"]}
         for i, tok in enumerate(
             ("<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<file_sep>", "<pad>")
         ):
             assert names[tok] == i
+    assert vocabs[0] == vocabs[1]

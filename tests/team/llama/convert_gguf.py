@@ -7,7 +7,8 @@ The stock converter fails on our checkpoints in two places, patched here without
 - the pre-tokenizer is identified by hashing a probe string's tokens; ours is unknown to the table,
   so ``get_vocab_base_pre`` raises. Our tokenizer is ByteLevel with the GPT-2 regex: say "gpt-2".
 
-Usage: python convert_gguf.py LLAMA_CPP_DIR HF_DIR OUT.gguf
+Usage: python convert_gguf.py LLAMA_CPP_DIR HF_DIR OUT.gguf  (HF_DIR: e.g. models/bundled/target, which is
+also the HF checkpoint: config.json + model.safetensors beside the ONNX graphs)
 """
 
 from __future__ import annotations
