@@ -94,8 +94,8 @@ class EngineSettings:
     # feed the prompt to the draft model in a thread while the target prefills: helps with idle cores,
     # slowed the target's prefill by ~30% on the loaded 2-core machine it was measured on
     overlap_draft_prefill: bool = False
-    # re-indexing the buffer being completed from an edit this far from its end waits for the interval
-    reindex_max_chars: int = 16_000
+    # re-indexing a buffer from an edit this far from its end waits until it was last indexed this long ago
+    reindex_max_chars: int = 2_000
     reindex_interval_s: float = 5.0
     # joining concurrent requests' target passes (team service); max_batch 1 = off
     batching: BatchSettings = BatchSettings(max_batch=1)
@@ -544,14 +544,16 @@ class OnnxEngine:
         """Index every pending document update now (``complete`` defers big re-indexing of the buffer
         being typed in; a server may call this when idle)."""
         with self._prep_lock:
-            self._flush_pending(None)
+            self._flush_pending(force=True)
 
-    def _flush_pending(self, hot_doc: str | None) -> None:
-        """Apply pending buffer texts to the n-gram index. The buffer being completed (``hot_doc``)
-        is re-indexed from its first changed position to its end, which for an edit in the middle of
-        a big file costs far more than a keystroke should: such an update waits until the buffer has
-        not been re-indexed for ``reindex_interval_s`` (its text near the cursor is in the prompt,
-        which the lookup drafter indexes on its own)."""
+    def _flush_pending(self, force: bool = False) -> None:
+        """Apply pending buffer texts to the n-gram index. A buffer is re-indexed from its first
+        changed position to its end, which for an edit in the middle of a big file costs far more than
+        a keystroke should (and a team server sees every client's keystrokes): an update whose changed
+        tail exceeds ``reindex_max_chars`` waits until that buffer has not been re-indexed for
+        ``reindex_interval_s`` (unless ``force``). New buffers are indexed at once. Output never
+        depends on this (only what prompt lookup can find); the completed buffer's text near the
+        cursor is in the prompt, which the lookup drafter indexes on its own."""
         with self._lock:
             pending, self._pending = self._pending, {}
         if self._index is None or self._encoder is None:
@@ -564,7 +566,7 @@ class OnnxEngine:
                 self._indexed.pop(doc_id, None)
                 continue
             old = self._indexed.get(doc_id)
-            if doc_id == hot_doc and old is not None:
+            if old is not None and not force:
                 old_text, when = old
                 changed_tail = len(text) - common_prefix_chars(old_text, text)
                 if (
@@ -634,7 +636,7 @@ class OnnxEngine:
             return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider=provider)
         assert self._builder is not None
         with self._prep_lock:
-            self._flush_pending(request.doc_id)
+            self._flush_pending()
             prompt = self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
         max_new = min(request.max_tokens, models.max_positions - len(prompt.tokens))
         if max_new <= 0:

@@ -337,7 +337,7 @@ def test_completion_reuse_then_regular_drafting_is_exact() -> None:
     assert set(second.per_drafter) - {"reuse"}  # then the regular drafters took over
 
 
-def test_big_reindex_of_the_hot_buffer_waits() -> None:
+def test_big_reindex_of_a_buffer_waits() -> None:
     models = fake_models()
     engine = OnnxEngine(EngineSettings(reindex_max_chars=50, reindex_interval_s=3600.0), models)
     doc, other = "file:///w/a.py", "file:///w/b.py"
@@ -357,6 +357,13 @@ def test_big_reindex_of_the_hot_buffer_waits() -> None:
     assert index.tokens(doc) == models.tokenizer.encode(SOURCE)  # still far from the last indexed text
     engine.flush()
     assert index.tokens(doc) == models.tokenizer.encode(near_end)
+    # another client's buffer follows the same rule (a team server sees every client's keystrokes)
+    engine.update_document(other, "# header\n" + SOURCE)
+    engine.complete(request(POINTS[0], max_tokens=2, doc=doc))
+    assert index.tokens(other) == models.tokenizer.encode("x = 1\n")  # small old text: the tail is big
+    engine.update_document(other, "x = 1\ny = 2\n")  # a small change against the last indexed text
+    engine.complete(request(POINTS[0], max_tokens=2, doc=doc))
+    assert index.tokens(other) == models.tokenizer.encode("x = 1\ny = 2\n")  # at once
     engine.close_document(doc)
     engine.flush()
     assert doc not in index
