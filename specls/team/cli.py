@@ -87,7 +87,9 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-DEFAULT_BATCH = 8
+# Off by default: on a 2-core CPU with the bundled pair, batching served fewer completions at higher
+# latency than one request at a time (docs/team.md, "Batching"); measure with your model and hardware.
+DEFAULT_BATCH = 1
 
 
 def _batch_size(text: str) -> int:

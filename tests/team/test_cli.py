@@ -92,3 +92,31 @@ def test_serve_engine_process_serves_a_remote_front_end(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(timeout=20)
     assert proc.returncode == 0
+
+
+def test_batch_option_reaches_engine_and_scheduler() -> None:
+    import argparse
+
+    import pytest
+
+    from specls.engine import EngineSettings, OnnxEngine
+    from specls.team.cli import (
+        add_engine_arguments,
+        add_team_arguments,
+        scheduler_settings_from_args,
+        tune_for_team,
+    )
+
+    p = argparse.ArgumentParser()
+    add_engine_arguments(p)
+    add_team_arguments(p)
+    args = p.parse_args(["--batch", "4"])
+    assert scheduler_settings_from_args(args).workers == 4
+    engine = tune_for_team(OnnxEngine(EngineSettings()), args)
+    assert isinstance(engine, OnnxEngine) and engine.settings.batching.max_batch == 4
+    default = p.parse_args([])
+    assert scheduler_settings_from_args(default).workers == 1  # off unless asked for
+    assert scheduler_settings_from_args(p.parse_args(["--batch", "4", "--engine", "fake"])).workers == 1
+    for bad in ("0", "65", "x"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--batch", bad])
