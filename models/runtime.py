@@ -9,9 +9,10 @@ slice on the sequence axis.
 
 Batched passes (``OnnxCausalLM.forward_batch``): several CPU caches advance in one ORT run of the
 model's dynamic-batch graph (``ModelSpec.batch_onnx_file``, or the main graph when its batch axis is
-dynamic). Pasts are right-padded to the longest, new tokens right-padded to the most; the attention mask
+dynamic). Pasts are left-padded to the longest, new tokens right-padded to the most; the attention mask
 hides both paddings and position ids are per sequence, so each sequence's logits and KV equal its own
-single pass up to float rounding. Each cache keeps only its real positions afterwards.
+single pass up to float rounding. Pasts are left-padded, so each cache keeps a view of its real
+positions in the batch's presents (one contiguous range) instead of a copy.
 
 CUDA (``BoundKVCache``): past KV stays on the device as OrtValues bound through IOBinding; only
 ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice graph on the device
@@ -238,25 +239,24 @@ class OnnxCausalLM:
         for j, i in enumerate(live):
             p, n = lens[j], news[j]
             input_ids[j, :n] = arrs[i]
-            mask[j, :p] = 1
-            mask[j, p_max : p_max + n] = 1
+            mask[j, p_max - p : p_max + n] = 1  # left pad: the real past ends where the new tokens start
             pos[j] = np.arange(p, p + s_max)
         feed: dict[str, np.ndarray] = {"input_ids": input_ids, "attention_mask": mask}
         if spec.uses_position_ids:
             feed["position_ids"] = pos
         for k, name in enumerate(self.past_names):
-            past = np.zeros((b, spec.num_kv_heads, p_max, spec.head_dim), dtype=self.kv_dtype)  # [b,kv,p,hd]
+            past = np.empty((b, spec.num_kv_heads, p_max, spec.head_dim), dtype=self.kv_dtype)  # [b,kv,p,hd]
             for j, i in enumerate(live):
-                past[j, :, : lens[j]] = seqs[i]._past[k][0]
+                pad = p_max - lens[j]
+                past[j, :, :pad] = 0  # masked out, but never garbage (0 * NaN would leak through)
+                past[j, :, pad:] = seqs[i]._past[k][0]
             feed[name] = past
         outs = self._batch_session.run(self.output_names, feed)
         logits, presents = outs[0], outs[1:]  # [b, s, vocab]; each [b, kv, p_max + s, hd]
         for j, i in enumerate(live):
             p, n = lens[j], news[j]
-            seqs[i]._past = [
-                np.concatenate([pr[j : j + 1, :, :p], pr[j : j + 1, :, p_max : p_max + n]], axis=2)
-                for pr in presents
-            ]  # each [1, kv, p + n, hd]
+            # views, no copy: with left padding the real positions are one contiguous range
+            seqs[i]._past = [pr[j : j + 1, :, p_max - p : p_max + n] for pr in presents]  # [1, kv, p+n, hd]
             seqs[i]._length = p + n
             row = logits[j, :n]  # [n, vocab]
             out[i] = row if row.dtype == np.float32 else row.astype(np.float32)

@@ -1,10 +1,10 @@
-"""Micro-benchmark: does one ONNX Runtime pass over B sequences cost much less than B passes?
+"""Micro-benchmark: does one batched target pass over B sequences cost much less than B passes?
 
-Batching concurrent requests' target passes only pays if (time of one batched pass + the cost of
-assembling the batch from per-sequence KV caches and splitting the presents back) is well below B
-single-sequence passes. This measures exactly those three numbers on the exported target model with
-synthetic KV of a given length (timing does not depend on the values), so the decision to batch rests
-on a measurement on this machine and not on folklore."""
+Batching concurrent requests' target passes only pays if one ``OnnxCausalLM.forward_batch`` over B
+caches (the dynamic-batch graph, padding, assembling the batch from per-sequence KV and splitting it
+back) costs well below B single-sequence ``forward`` calls on the model's main graph (the fused,
+batch-1 one for the bundled pair) -- the real alternative. This times exactly those two code paths
+on caches holding ``past_len`` positions of synthetic KV (timing does not depend on the values)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ class BatchBenchSettings:
 class BatchTiming:
     batch: int
     new_tokens: int
-    single_ms: float  # one pass over one sequence (median)
-    batched_ms: float  # one pass over `batch` sequences (median)
-    assemble_ms: float  # concatenating per-sequence pasts + splitting presents back (median)
+    single_ms: float  # one forward over one sequence on the main graph (median)
+    batched_ms: float  # one forward_batch over `batch` sequences, assembly included (median)
 
     @property
     def sequential_ms(self) -> float:
@@ -41,78 +40,61 @@ class BatchTiming:
 
     @property
     def speedup(self) -> float:
-        """Sequential time / batched time (including assembly): > 1 means batching pays."""
-        return self.sequential_ms / max(1e-9, self.batched_ms + self.assemble_ms)
+        """Sequential time / batched time: > 1 means batching pays."""
+        return self.sequential_ms / max(1e-9, self.batched_ms)
 
 
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
+def _median_ms(fn: Callable[[], object], reset: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up (allocations, ORT's first-run work)
+    reset()
     times = []
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1000)
+        reset()
     return statistics.median(times)
 
 
 def measure_batching(lm: Any, settings: BatchBenchSettings) -> list[BatchTiming]:
-    """``lm``: a ``specls.models.runtime.OnnxCausalLM`` (uses its session and spec)."""
+    """``lm``: a CPU ``specls.models.runtime.OnnxCausalLM``."""
+    if not lm.enable_batching():
+        raise ValueError(
+            f"{lm.model_dir}: no dynamic-batch graph (export with --batch-graph, or --ort-fusions none)"
+        )
     spec = lm.spec
     rng = np.random.default_rng(settings.seed)
-    sess = lm.session
-    batch_dim = sess.get_inputs()[0].shape[0]
-    if isinstance(batch_dim, int) and max(settings.batch_sizes) > batch_dim:
-        raise ValueError(
-            f"the exported graph has a static batch dimension of {batch_dim}: it cannot run a pass over "
-            "several sequences (re-export with a dynamic batch axis to measure batching)"
-        )
-    kv, hd, layers = spec.num_kv_heads, spec.head_dim, spec.num_layers
     p = settings.past_len
+
+    def cache_with_past() -> Any:
+        c = lm.new_cache()
+        shape = (1, spec.num_kv_heads, p, spec.head_dim)
+        c._past = [rng.standard_normal(shape).astype(lm.kv_dtype) for _ in range(2 * spec.num_layers)]
+        c._length = p
+        return c
+
     out: list[BatchTiming] = []
-
-    def feed(b: int, n: int, pasts: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        f: dict[str, np.ndarray] = {
-            "input_ids": rng.integers(0, spec.vocab_size, size=(b, n), dtype=np.int64),  # [b, n]
-            "attention_mask": np.ones((b, p + n), dtype=np.int64),  # [b, p+n]
-        }
-        if spec.uses_position_ids:
-            f["position_ids"] = np.tile(np.arange(p, p + n, dtype=np.int64), (b, 1))  # [b, n]
-        for name, arr in zip(lm.past_names, pasts, strict=True):
-            f[name] = arr
-        return f
-
     for n in settings.new_tokens:
-        # per-sequence pasts: [1, kv, p, hd] x 2*layers, as the runtime keeps them
-        one = [rng.standard_normal((1, kv, p, hd)).astype(lm.kv_dtype) for _ in range(2 * layers)]
-        single_feed = feed(1, n, one)
-        single = _median_ms(partial(sess.run, lm.output_names, single_feed), settings.repeats)
+        ids = [int(t) for t in rng.integers(0, spec.vocab_size, size=n)]
+        one = cache_with_past()
+        single = _median_ms(partial(one.forward, ids), partial(one.truncate, p), settings.repeats)
         for b in settings.batch_sizes:
-            seqs = [
-                [rng.standard_normal((1, kv, p, hd)).astype(lm.kv_dtype) for _ in range(2 * layers)]
-                for _ in range(b)
-            ]
-            stacked = [np.concatenate([s[i] for s in seqs], axis=0) for i in range(2 * layers)]  # [b,kv,p,hd]
-            batch_feed = feed(b, n, stacked)
-            outs = sess.run(lm.output_names, batch_feed)
-            presents = outs[1:]  # each [b, kv, p+n, hd]
+            caches: Sequence[Any] = [cache_with_past() for _ in range(b)]
 
-            def assemble(seqs: list[list[np.ndarray]] = seqs, presents: list[Any] = presents) -> None:
-                _ = [np.concatenate([s[i] for s in seqs], axis=0) for i in range(2 * layers)]
-                _ = [[np.ascontiguousarray(pr[j : j + 1]) for pr in presents] for j in range(len(seqs))]
+            def reset(caches: Sequence[Any] = caches) -> None:
+                for c in caches:
+                    c.truncate(p)
 
-            batched = _median_ms(partial(sess.run, lm.output_names, batch_feed), settings.repeats)
-            assembly = _median_ms(assemble, settings.repeats) if b > 1 else 0.0
-            out.append(BatchTiming(b, n, single, batched, assembly))
+            batched = _median_ms(partial(lm.forward_batch, caches, [ids] * b), reset, settings.repeats)
+            out.append(BatchTiming(b, n, single, batched))
     return out
 
 
 def format_table(rows: Sequence[BatchTiming]) -> str:
-    lines = [
-        f"{'batch':>5} {'new':>4} {'1 seq ms':>9} {'B seq ms':>9} {'batched':>8} {'assemble':>9} {'speedup':>8}"
-    ]
+    lines = [f"{'batch':>5} {'new':>4} {'1 seq ms':>9} {'B x 1 seq':>10} {'batched':>8} {'speedup':>8}"]
     for r in rows:
         lines.append(
-            f"{r.batch:>5} {r.new_tokens:>4} {r.single_ms:>9.2f} {r.sequential_ms:>9.2f} "
-            f"{r.batched_ms:>8.2f} {r.assemble_ms:>9.2f} {r.speedup:>7.2f}x"
+            f"{r.batch:>5} {r.new_tokens:>4} {r.single_ms:>9.2f} {r.sequential_ms:>10.2f} "
+            f"{r.batched_ms:>8.2f} {r.speedup:>7.2f}x"
         )
     return "\n".join(lines)

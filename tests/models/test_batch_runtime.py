@@ -110,3 +110,17 @@ def test_bad_batch_input_changes_nothing(plain_dir: Path) -> None:
         lm.forward_batch([object()], [[4]])
     with pytest.raises(ValueError, match="caches but"):
         lm.forward_batch([a], [[4], [5]])
+
+
+def test_batching_micro_benchmark_times_both_paths(plain_dir: Path, exported: dict[str, Path]) -> None:
+    from specls.team.batching import BatchBenchSettings, format_table, measure_batching
+
+    lm = OnnxCausalLM(plain_dir)
+    rows = measure_batching(
+        lm, BatchBenchSettings(batch_sizes=(1, 2), new_tokens=(1, 3), past_len=5, repeats=1)
+    )
+    assert [(r.batch, r.new_tokens) for r in rows] == [(1, 1), (2, 1), (1, 3), (2, 3)]
+    assert all(r.single_ms > 0 and r.batched_ms > 0 for r in rows)
+    assert len(format_table(rows).splitlines()) == 5
+    with pytest.raises(ValueError, match="no dynamic-batch graph"):
+        measure_batching(OnnxCausalLM(exported["llama"]), BatchBenchSettings(repeats=1))
