@@ -203,3 +203,9 @@ class BatchedCache:
 
     def truncate(self, n: int) -> None:
         self.inner.truncate(n)
+
+    def release(self) -> None:
+        """The request is done: let the inner cache drop what batched passes shared (``compact``)."""
+        compact = getattr(self.inner, "compact", None)
+        if compact is not None:
+            compact()

@@ -257,6 +257,7 @@ class OnnxCausalLM:
             p, n = lens[j], news[j]
             # views, no copy: with left padding the real positions are one contiguous range
             seqs[i]._past = [pr[j : j + 1, :, p_max - p : p_max + n] for pr in presents]  # [1, kv, p+n, hd]
+            seqs[i]._shared = True
             seqs[i]._length = p + n
             row = logits[j, :n]  # [n, vocab]
             out[i] = row if row.dtype == np.float32 else row.astype(np.float32)
@@ -294,6 +295,7 @@ class OrtKVCache:
         empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
         self._past: list[np.ndarray] = [empty] * (2 * spec.num_layers)  # each [1, kv, length, hd]
         self._length = 0
+        self._shared = False  # _past are views into a batched pass's presents (see compact)
 
     @property
     def length(self) -> int:
@@ -320,6 +322,7 @@ class OrtKVCache:
             feed[name] = past
         outs = self._lm.session.run(self._lm.output_names, feed)
         self._past = outs[1:]  # each [1, kv, past+n, hd]
+        self._shared = False
         self._length += arr.size
         logits = outs[0][0]  # [n, vocab]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
@@ -339,7 +342,15 @@ class OrtKVCache:
             return
         # contiguous copies: ORT takes a contiguous buffer as is, a strided view would be copied per call
         self._past = [np.ascontiguousarray(p[:, :, :n, :]) for p in self._past]  # [1, kv, n, hd]
+        self._shared = False
         self._length = n
+
+    def compact(self) -> None:
+        """Own the KV again after batched passes: their views keep every batched sequence's presents
+        alive, so a cache left idle would hold B sequences' worth of memory."""
+        if self._shared:
+            self._past = [np.array(p, copy=True, order="C") for p in self._past]
+            self._shared = False
 
 
 class BoundKVCache(OrtKVCache):

@@ -44,7 +44,7 @@ from specls.decoder.api import (
     KVCache,
     never_cancelled,
 )
-from specls.decoder.batching import BatchSettings, PassBatcher
+from specls.decoder.batching import BatchedCache, BatchSettings, PassBatcher
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.ngram import NgramIndex
 from specls.prompt import (
@@ -684,8 +684,8 @@ class OnnxEngine:
 
         if isinstance(drafter, _TimedDrafter) and state.draft_drafter is not None and s.use_draft:
             drafter.prefetch = self._warm_draft(state.draft_drafter, prompt.tokens)
+        target: KVCache = cache if self._batcher is None else self._batcher.wrap(cache)
         try:
-            target: KVCache = cache if self._batcher is None else self._batcher.wrap(cache)
             out = self._generate(models, target, prompt.tokens, drafter, settings, cancelled, stop)
         except Exception as exc:
             # the cache may be half-updated: drop it, the next request starts cold
@@ -696,6 +696,8 @@ class OnnxEngine:
         finally:
             if isinstance(drafter, _TimedDrafter):
                 drafter.join()  # never leave the warm-up running into the next request
+            if isinstance(target, BatchedCache):
+                target.release()  # the document keeps its own KV, not views into a batch
         full = [*prompt.tokens, *out.tokens]
         self.last_prompt, self.last_tokens = list(prompt.tokens), list(out.tokens)
         state.tokens = full[: cache.length]

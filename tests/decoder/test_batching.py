@@ -218,3 +218,31 @@ def test_error_reaches_its_own_thread_only() -> None:
 def test_bad_settings(settings: BatchSettings) -> None:
     with pytest.raises(ValueError):
         PassBatcher(RecordingBatch(), settings)
+
+
+def test_release_compacts_the_inner_cache_when_it_can() -> None:
+    class Compacting:
+        def __init__(self) -> None:
+            self.inner = TARGET.new_cache()
+            self.compacted = 0
+
+        @property
+        def length(self) -> int:
+            return self.inner.length
+
+        def forward(self, ids: Sequence[int]) -> np.ndarray:
+            return self.inner.forward(ids)
+
+        def truncate(self, n: int) -> None:
+            self.inner.truncate(n)
+
+        def compact(self) -> None:
+            self.compacted += 1
+
+    batcher = PassBatcher(RecordingBatch())
+    c = Compacting()
+    wrapped = batcher.wrap(c)
+    wrapped.forward([1, 2])
+    wrapped.release()
+    assert c.compacted == 1 and wrapped.length == 2
+    batcher.wrap(TARGET.new_cache()).release()  # a cache without compact(): nothing to do

@@ -124,3 +124,21 @@ def test_batching_micro_benchmark_times_both_paths(plain_dir: Path, exported: di
     assert len(format_table(rows).splitlines()) == 5
     with pytest.raises(ValueError, match="no dynamic-batch graph"):
         measure_batching(OnnxCausalLM(exported["llama"]), BatchBenchSettings(repeats=1))
+
+
+def test_compact_drops_views_into_the_batch(plain_dir: Path) -> None:
+    """After a batched pass a cache's KV are views of the whole batch's presents; compact() copies
+    its own positions so an idle document does not keep B sequences' KV alive."""
+    lm = OnnxCausalLM(plain_dir)
+    assert lm.enable_batching()
+    a, b = lm.new_cache(), lm.new_cache()
+    a.forward([1, 2, 3])
+    b.forward([4])
+    lm.forward_batch([a, b], [[5], [6, 7]])
+    assert all(p.base is not None for p in a._past)  # views (Not copies: that is the point)
+    before = [p.copy() for p in a._past]
+    a.compact()
+    assert all(p.flags.owndata and p.flags.c_contiguous for p in a._past)
+    assert all(np.array_equal(x, y) for x, y in zip(a._past, before, strict=True))
+    twin = _copy(a, lm)
+    assert np.array_equal(a.forward([8]), twin.forward([8]))
