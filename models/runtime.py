@@ -173,6 +173,11 @@ class OnnxCausalLM:
         """One tiny forward so the first real request does not pay ORT's lazy initialisation."""
         self.new_cache().forward([0, 0])
 
+    def release_memory(self) -> None:
+        """Return freed C-heap memory to the OS (after a burst of concurrent batched requests glibc's
+        per-thread heaps keep hundreds of MB of freed KV and activations)."""
+        _release_freed_memory()
+
     def batch_graph(self) -> Path | None:
         """The graph that can run a pass over several sequences, or None (see the module docstring)."""
         if self.provider != "cpu":

@@ -600,8 +600,14 @@ class OnnxEngine:
     ) -> CompletionResult:
         models = self.models
         if self._batcher is not None:
-            with self._doc_locks.hold(request.doc_id), self._batcher.participant():
-                return self._complete_counted(models, request, cancelled)
+            try:
+                with self._doc_locks.hold(request.doc_id), self._batcher.participant():
+                    return self._complete_counted(models, request, cancelled)
+            finally:
+                if self._batcher.active == 0:  # the last concurrent request: give memory back
+                    release = getattr(models.target, "release_memory", None)
+                    if release is not None:
+                        release()
         with self._run_lock:
             return self._complete_counted(models, request, cancelled)
 

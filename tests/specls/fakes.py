@@ -118,6 +118,10 @@ class BatchableFakeLM(FakeLM):
         self.sizes: list[int] = []
         self._lock = threading.Lock()
         self.enabled = False
+        self.released = 0  # release_memory() calls (the engine's "all concurrent requests done")
+
+    def release_memory(self) -> None:
+        self.released += 1
 
     def enable_batching(self) -> bool:
         self.enabled = True

@@ -70,6 +70,7 @@ def test_concurrent_requests_batch_and_match_one_at_a_time() -> None:
     assert got == expected  # Not a neighbour's completion, not a truncated one
     assert isinstance(m.target, BatchableFakeLM)
     assert m.target.sizes and max(m.target.sizes) > 1  # passes really were joined
+    assert m.target.released >= 1  # memory handed back once the burst was over
     stats = engine.stats()["batching"]
     assert isinstance(stats, dict) and stats["enabled"] and stats["batched_passes"] == len(m.target.sizes)
 
