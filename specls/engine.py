@@ -541,8 +541,9 @@ class OnnxEngine:
             self._index.remove(doc_id)  # the index has its own lock
 
     def flush(self) -> None:
-        """Index every pending document update now (``complete`` defers big re-indexing of the buffer
-        being typed in; a server may call this when idle)."""
+        """Index every pending document update now (``complete`` defers big re-indexing of a buffer
+        that was indexed less than ``reindex_interval_s`` ago; the next request after the interval
+        catches up, or a server may call this when idle)."""
         with self._prep_lock:
             self._flush_pending(force=True)
 
