@@ -1,0 +1,218 @@
+"""Backends: the checkpoints in plain torch (``TorchCausalLM``) or exported to ONNX and loaded with the
+specls runtime; which provider a run gets; loading the target/draft pair."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import platform
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specls.bench.gpu.checkpoints import STAMP, build_checkpoint, build_stamp, export_options, reusable
+from specls.bench.gpu.shapes import BenchError, GpuBenchSettings
+from specls.bench.gpu.timing import phase
+from specls.decoder.api import CausalLM
+
+log = logging.getLogger(__name__)
+
+
+class TorchCache:
+    """A KVCache over a transformers model and its DynamicCache (truncate slices every layer)."""
+
+    def __init__(self, lm: TorchCausalLM) -> None:
+        from transformers import DynamicCache
+
+        self._lm = lm
+        self._past: Any = DynamicCache()
+        self._len = 0
+
+    @property
+    def length(self) -> int:
+        return self._len
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """ids: [n] -> logits: [n, vocab] float32."""
+        import torch
+
+        n = len(ids)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        dev = self._lm.device
+        with torch.inference_mode():
+            x = torch.tensor([list(ids)], dtype=torch.long, device=dev)  # [1, n]
+            pos = torch.arange(self._len, self._len + n, device=dev).unsqueeze(0)  # [1, n]
+            kw = {self._lm.cache_kw: self._past}
+            out = self._lm.model(input_ids=x, position_ids=pos, use_cache=True, **kw)  # updates self._past
+            logits = out.logits[0].float().cpu().numpy()  # logits: [n, vocab]
+        self._len += n
+        return logits
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self._len:
+            raise ValueError(f"truncate({n}) on a cache of length {self._len}")
+        for layer in self._past.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+                layer.keys = layer.keys[..., :n, :]  # [batch, kv_heads, n, head_dim]
+                layer.values = layer.values[..., :n, :]
+        self._len = n
+
+
+class TorchCausalLM:
+    """A transformers checkpoint in torch (eager attention via SDPA) as a CausalLM."""
+
+    def __init__(self, checkpoint: Path, device: str, dtype: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = torch.float16 if dtype == "fp16" else torch.float32
+        model: Any = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch_dtype)
+        self.model: Any = model.to(device).eval()
+        self.device = device
+        self.provider = f"torch-{device}"
+        self._vocab = int(self.model.config.vocab_size)
+        # transformers 5.x renamed the forward's cache argument (past_key_values -> cache)
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    def new_cache(self) -> TorchCache:
+        return TorchCache(self)
+
+
+def torch_has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def ort_has_cuda() -> bool:
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def _preload_cuda_libs() -> None:
+    """onnxruntime-gpu finds CUDA/cuDNN from the nvidia-* wheels only once they are loaded."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    try:
+        preload()
+    except Exception as exc:  # a missing library shows up again, clearer, when the session starts
+        log.warning("onnxruntime.preload_dlls failed: %s", exc)
+
+
+def load_ort(model_dir: Path, settings: GpuBenchSettings, provider: str) -> CausalLM:
+    from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+
+    if provider == "cuda":
+        _preload_cuda_libs()
+    lm: CausalLM = OnnxCausalLM(model_dir, RuntimeSettings(threads=settings.threads, provider=provider))
+    return lm
+
+
+def provider_of(lm: object) -> str:
+    return str(getattr(lm, "provider", "unknown"))
+
+
+def is_cuda_provider(name: str) -> bool:
+    return "cuda" in name.lower()
+
+
+def gpu_name() -> str:
+    """The GPU's name from nvidia-smi (or torch), else "cpu-<machine>"."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        if out.returncode == 0 and names:
+            return names[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if torch_has_cuda():
+        import torch
+
+        return str(torch.cuda.get_device_name(0))
+    return f"cpu-{platform.machine() or 'unknown'}"
+
+
+def resolve_provider(settings: GpuBenchSettings) -> tuple[str, str]:
+    """(provider to ask for, dtype) for this backend and machine."""
+    if settings.backend == "torch":
+        cuda = torch_has_cuda()
+    elif settings.backend == "ort":
+        cuda = ort_has_cuda()
+    else:
+        raise BenchError(f"unknown backend {settings.backend!r} (ort | torch)")
+    if settings.provider == "cuda" and not cuda:
+        raise BenchError(f"--provider cuda: CUDA is not available to the {settings.backend} backend here")
+    if settings.provider == "cpu":
+        cuda = False
+    if settings.require_cuda and not cuda:
+        raise BenchError(
+            f"--require-cuda: the {settings.backend} backend has no CUDA here "
+            "(onnxruntime-gpu not installed, or no GPU/driver visible)"
+        )
+    provider = "cuda" if cuda else "cpu"
+    dtype = settings.dtype if settings.dtype != "auto" else ("fp16" if cuda else "fp32")
+    if dtype not in ("fp16", "fp32"):
+        raise BenchError(f"unknown dtype {dtype!r} (auto | fp32 | fp16)")
+    return provider, dtype
+
+
+def load_pair(
+    settings: GpuBenchSettings, work: Path, provider: str, dtype: str, phases: dict[str, float]
+) -> tuple[CausalLM, CausalLM]:
+    """Build (and for ort, export) then load target and draft. With ``settings.reuse`` a checkpoint or
+    export already in the work dir from an earlier run with the same shape/seed/dtype is used as is."""
+    lms: list[CausalLM] = []
+    for role, shape, seed in (
+        ("target", settings.target, settings.seed),
+        ("draft", settings.draft, settings.seed + 1),
+    ):
+        ckpt, onnx = work / f"{role}-ckpt", work / f"{role}-onnx"
+        onnx_stamp = build_stamp(shape, seed, dtype)
+        if not (settings.backend == "ort" and settings.reuse and reusable(onnx, onnx_stamp)):
+            if settings.reuse and reusable(ckpt, build_stamp(shape, seed, None)):
+                log.info("reusing %s", ckpt)
+            else:
+                with phase(phases, f"build_{role}"):
+                    build_checkpoint(shape, ckpt, seed)
+                    (ckpt / STAMP).write_text(json.dumps(build_stamp(shape, seed, None)))
+            if settings.backend == "ort":
+                from specls.models.export import export_model
+
+                with phase(phases, f"export_{role}"):
+                    export_model(str(ckpt), onnx, export_options(settings, dtype))
+                    (onnx / STAMP).write_text(json.dumps(onnx_stamp))
+        else:
+            log.info("reusing %s", onnx)
+        with phase(phases, f"load_{role}"):
+            if settings.backend == "torch":
+                device = "cuda" if provider == "cuda" else "cpu"
+                if device == "cpu" and settings.threads > 0:
+                    import torch
+
+                    torch.set_num_threads(settings.threads)
+                lms.append(TorchCausalLM(ckpt, device, dtype))
+            else:
+                lms.append(load_ort(onnx, settings, provider))
+    return lms[0], lms[1]
