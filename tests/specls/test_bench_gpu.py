@@ -243,6 +243,12 @@ def test_bad_settings_are_clear_errors() -> None:
         )
     with pytest.raises(BenchError, match="too small"):
         gpu.write_tokenizer(Path("/nonexistent-never-written"), 100)
+    with pytest.raises(BenchError, match="--batch-sizes must hold 1"):
+        gpu.run_bench(tiny_settings("torch", batch_sizes=(2, 4)))
+    with pytest.raises(BenchError, match="--batch-ns must be positive"):
+        gpu.run_bench(tiny_settings("torch", batch_ns=(0, 6)))
+    with pytest.raises(BenchError, match="batched past length 300 exceeds"):
+        gpu.run_bench(tiny_settings("torch", batch_past_length=300))
 
 
 def test_cli_reports_bad_input_without_a_traceback(
@@ -279,6 +285,81 @@ def test_cli_registers_and_parses_the_small_shape() -> None:
     full = gpu.settings_from_args(build_parser().parse_args(["bench", "gpu"]))
     assert full.target.hidden == 1536 and full.target.layers == 28 and full.target.vocab == 151936
     assert full.draft.hidden == 896 and full.draft.layers == 24 and full.past_lengths == (512, 2048)
+
+
+# --- batched target passes ------------------------------------------------------------------------
+
+
+def test_torch_batch_cache_rows_equal_single_sequence_passes(tmp_path: Path) -> None:
+    """One forward over B sequences gives each row the logits a single-sequence cache gives it."""
+    ckpt = gpu.build_checkpoint(TINY_TARGET, tmp_path / "ckpt", seed=4)
+    lm = gpu.TorchCausalLM(ckpt, "cpu", "fp32")
+    rng = np.random.default_rng(0)
+    seqs = rng.integers(0, TINY_TARGET.vocab, size=(3, 13)).tolist()  # [B=3, 10 past + 3 new]
+    batch = lm.new_batch_cache(3)
+    batch.prefill([row[:10] for row in seqs], chunk=4)  # chunks of 4, 4, 2
+    assert batch.length == 10
+    logits = batch.forward([row[10:13] for row in seqs])  # logits: [3, 3, vocab]
+    assert logits.shape == (3, 3, TINY_TARGET.vocab) and batch.length == 13
+    for b, row in enumerate(seqs):
+        single = lm.new_cache()
+        single.forward(row[:10])
+        np.testing.assert_allclose(logits[b], single.forward(row[10:13]), atol=1e-4, rtol=1e-4)
+    # truncate is exact: the same new tokens again give the same logits
+    batch.truncate(10)
+    np.testing.assert_allclose(batch.forward([row[10:13] for row in seqs]), logits, atol=1e-5)
+    with pytest.raises(ValueError, match="3 rows"):
+        batch.forward([[1, 2], [3], [4, 5]])
+    with pytest.raises(ValueError, match="truncate"):
+        batch.truncate(99)
+
+
+def test_batching_speedup_and_its_table() -> None:
+    report = gpu.GpuBenchReport(
+        date="2026-01-01 00:00 UTC", gpu="test", backend="torch", provider="torch-cpu",
+        draft_provider="torch-cpu", dtype="fp32", shape="tiny", target={"describe": "t"},
+        draft={"describe": "d"}, past_lengths=[8], ns=[1], warmup=0, repeats=1,
+        batch_past_length=8, batched_ms={1: {1: 2.0, 6: 3.0}, 4: {1: 4.0, 6: 12.0}},
+    )  # fmt: skip
+    sp = report.batching_speedup()
+    assert sp[1] == {1: pytest.approx(1.0), 6: pytest.approx(1.0)}
+    assert sp[4] == {1: pytest.approx(4 * 2.0 / 4.0), 6: pytest.approx(4 * 3.0 / 12.0)}
+    md = gpu.render_markdown(report)
+    assert "## Batched target passes (one target forward over B sequences, L=8)" in md
+    assert "| 4 | 4.000 | 2.00x | 12.000 | 1.00x |" in md
+    assert report.to_dict()["batching_speedup"]["4"] == {"1": 2.0, "6": 1.0}
+    failed = replace(report, batched_ms={}, batched_error="RuntimeError: out of memory")
+    assert "## Batched target passes: failed (RuntimeError: out of memory)" in gpu.render_markdown(failed)
+
+
+def test_small_shape_run_reports_batched_passes(tmp_path: Path) -> None:
+    """`--shape small` on the torch backend: the batched table has a positive ms and speedup for every
+    (B, N) in B = 1, 2, 4, 8 and N = 1, 6, at the preset's smallest past length."""
+    from specls.cli import main
+
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "bench", "gpu", "--shape", "small", "--backend", "torch", "--provider", "cpu", "--no-loop",
+            "--warmup", "1", "--repeats", "2", "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    (js,) = out.glob("results-*-torch.json")
+    data = json.loads(js.read_text())
+    assert data["batch_past_length"] == gpu.SHAPES["small"].past_lengths[0] == 64
+    for key in ("batched_ms", "batching_speedup"):
+        assert set(data[key]) == {"1", "2", "4", "8"}
+        for row in data[key].values():
+            assert set(row) == {"1", "6"} and all(v > 0 for v in row.values())
+    assert data["batching_speedup"]["1"] == {"1": 1.0, "6": 1.0}
+    md = js.with_suffix(".md").read_text()
+    table = md.split("## Batched target passes (one target forward over B sequences, L=64)")[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [r.split(" | ")[0] for r in rows] == ["| 1", "| 2", "| 4", "| 8"]
+    for r in rows:
+        cells = [c.strip() for c in r.strip("| ").split("|")][1:]  # ms, speedup, ms, speedup
+        assert len(cells) == 4 and all(float(c.rstrip("x")) > 0 for c in cells)
 
 
 # --- end to end ------------------------------------------------------------------------------------
@@ -332,6 +413,10 @@ def test_end_to_end_torch_backend_through_the_cli(tmp_path: Path) -> None:
     assert data["verify_curve"]["24"]["1"] == 1.0
     assert all(m["matches_greedy"] for m in data["loop"]) and len(data["loop"]) == 2
     assert (out / files[1]).read_text().startswith("# specls bench gpu")
+    # the batched sweep ran at the smallest past length with the default B and N
+    assert data["batch_past_length"] == 8 and data["batched_error"] is None
+    assert set(data["batched_ms"]) == {"1", "2", "4", "8"}
+    assert all(set(row) == {"1", "6"} for row in data["batched_ms"].values())
 
 
 @pytest.mark.slow
@@ -353,6 +438,7 @@ def test_end_to_end_torch_then_ort_reusing_the_checkpoints(tmp_path: Path) -> No
     assert "build_target" not in report.phases_s and "export_target" in report.phases_s  # reused
     assert set(report.exports) == {"target", "draft"} and report.exports["target"]["dtype"] == "fp32"
     assert "- exports: target ort_fusions=" in gpu.render_markdown(report)
+    assert report.batched_ms == {} and "## Batched target passes" not in gpu.render_markdown(report)
     assert (work / "target-onnx" / "model.onnx").is_file()
     assert (work / "draft-onnx" / "specls.json").is_file()
     _check_report(report, settings)

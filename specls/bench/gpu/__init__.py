@@ -8,7 +8,9 @@ checked against the real decode loop.
    the same checkpoints in torch, no export: a GPU reference that needs no onnxruntime-gpu).
 3. Measures T(N), the ms of one target pass over N new tokens at fixed past lengths L (warm-up, repeats,
    median; the cache is truncated back to L after each call), the draft model's ms per step (N=1), the
-   cost ratio c = draft step / T(1) and the verify-cost curve T(N)/T(1).
+   cost ratio c = draft step / T(1) and the verify-cost curve T(N)/T(1). The torch backend also times
+   batched target passes: one forward over B = 1, 2, 4, 8 sequences of N = 1, 6 new tokens at one past
+   length, and the batching speedup B * T(1 seq) / T(B seqs).
 4. Predicts each method's speedup with the standard model: tokens per pass (1 - a^(g+1)) / (1 - a),
    cost per pass T(g+1) + g*c*T(1) for the draft model and T(g+1) for prompt lookup (free drafts),
    speedup = tokens/pass * T(1) / cost, at the best g for each acceptance rate a.
@@ -29,6 +31,7 @@ cost model), ``loop`` (the forced-acceptance real loop), ``report`` (tables, JSO
 from __future__ import annotations
 
 from specls.bench.gpu.backends import (
+    TorchBatchCache,
     TorchCache,
     TorchCausalLM,
     gpu_name,
@@ -73,7 +76,7 @@ from specls.bench.gpu.shapes import (
     ShapePreset,
     validate_settings,
 )
-from specls.bench.gpu.timing import PassTimes, time_passes
+from specls.bench.gpu.timing import PassTimes, time_batched_passes, time_passes
 
 __all__ = [
     "DEFAULT_ALPHAS",
@@ -94,6 +97,7 @@ __all__ = [
     "PassTimes",
     "Prediction",
     "ShapePreset",
+    "TorchBatchCache",
     "TorchCache",
     "TorchCausalLM",
     "add_arguments",
@@ -120,6 +124,7 @@ __all__ = [
     "run_loop",
     "settings_from_args",
     "slug",
+    "time_batched_passes",
     "time_passes",
     "validate_settings",
     "write_report",

@@ -22,6 +22,14 @@ from specls.decoder.api import CausalLM
 log = logging.getLogger(__name__)
 
 
+def _truncate_layers(past: Any, n: int) -> None:
+    """Keep the first ``n`` positions of every layer of a DynamicCache (a slice on the sequence axis)."""
+    for layer in past.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+            layer.keys = layer.keys[..., :n, :]  # [batch, kv_heads, n, head_dim]
+            layer.values = layer.values[..., :n, :]
+
+
 class TorchCache:
     """A KVCache over a transformers model and its DynamicCache (truncate slices every layer)."""
 
@@ -56,10 +64,65 @@ class TorchCache:
     def truncate(self, n: int) -> None:
         if not 0 <= n <= self._len:
             raise ValueError(f"truncate({n}) on a cache of length {self._len}")
-        for layer in self._past.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
-                layer.keys = layer.keys[..., :n, :]  # [batch, kv_heads, n, head_dim]
-                layer.values = layer.values[..., :n, :]
+        _truncate_layers(self._past, n)
+        self._len = n
+
+
+class TorchBatchCache:
+    """B sequences of equal length in one DynamicCache (batch dim B): one forward runs the target over
+    ``n`` new tokens of every sequence. For the batched-pass sweep (no padding, no attention mask)."""
+
+    def __init__(self, lm: TorchCausalLM, batch: int) -> None:
+        from transformers import DynamicCache
+
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self._lm = lm
+        self._past: Any = DynamicCache()
+        self._len = 0
+        self.batch = batch
+
+    @property
+    def length(self) -> int:
+        return self._len
+
+    def _run(self, ids: Sequence[Sequence[int]], keep_logits: bool) -> Any:
+        import torch
+
+        n = len(ids[0]) if len(ids) else 0
+        if len(ids) != self.batch or n == 0 or any(len(row) != n for row in ids):
+            raise ValueError(f"forward needs {self.batch} rows of the same positive length")
+        dev = self._lm.device
+        x = torch.tensor([list(row) for row in ids], dtype=torch.long, device=dev)  # [B, n]
+        pos = torch.arange(self._len, self._len + n, device=dev).expand(self.batch, n)  # [B, n]
+        kw: dict[str, Any] = {self._lm.cache_kw: self._past}
+        if not keep_logits and self._lm.logits_to_keep:
+            kw["logits_to_keep"] = 1  # prefill: skip the [B, n, vocab] logits nobody reads
+        out = self._lm.model(input_ids=x, position_ids=pos, use_cache=True, **kw)  # updates self._past
+        self._len += n
+        return out.logits  # [B, n or 1, vocab]
+
+    def prefill(self, ids: Sequence[Sequence[int]], chunk: int = 512) -> None:
+        """Append ``ids`` ([B][m]) in chunks of ``chunk`` positions, discarding the logits."""
+        import torch
+
+        m = len(ids[0]) if len(ids) else 0
+        with torch.inference_mode():
+            for start in range(0, m, chunk):
+                self._run([row[start : start + chunk] for row in ids], keep_logits=False)
+
+    def forward(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """ids: [B][n] -> logits: [B, n, vocab] float32 on the host (as TorchCache.forward). Cache grows by n."""
+        import torch
+
+        with torch.inference_mode():
+            logits = self._run(ids, keep_logits=True).float().cpu().numpy()  # logits: [B, n, vocab]
+        return logits
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self._len:
+            raise ValueError(f"truncate({n}) on a cache of length {self._len}")
+        _truncate_layers(self._past, n)
         self._len = n
 
 
@@ -79,6 +142,7 @@ class TorchCausalLM:
         # transformers 5.x renamed the forward's cache argument (past_key_values -> cache)
         params = inspect.signature(self.model.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.logits_to_keep = "logits_to_keep" in params
 
     @property
     def vocab_size(self) -> int:
@@ -86,6 +150,9 @@ class TorchCausalLM:
 
     def new_cache(self) -> TorchCache:
         return TorchCache(self)
+
+    def new_batch_cache(self, batch: int) -> TorchBatchCache:
+        return TorchBatchCache(self, batch)
 
 
 def torch_has_cuda() -> bool:

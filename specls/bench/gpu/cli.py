@@ -89,6 +89,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", type=int, default=None, help="new tokens per loop run")
     p.add_argument("--prompt-tokens", type=int, default=0, help="loop prompt length (0 = smallest L)")
     p.add_argument("--no-loop", action="store_true", help="skip the real decode loop")
+    p.add_argument(
+        "--batch-sizes",
+        type=_ints,
+        default=(1, 2, 4, 8),
+        help="batched-pass sweep (torch backend): sequences B per target forward (must include 1)",
+    )
+    p.add_argument("--batch-ns", type=_ints, default=(1, 6), help="batched-pass sweep: new tokens N")
+    p.add_argument(
+        "--batch-past-length", type=int, default=0, help="batched-pass sweep: L (0 = smallest past length)"
+    )
+    p.add_argument("--no-batched", action="store_true", help="skip the batched-pass sweep")
     p.add_argument("--verify-export", action="store_true", help="check ORT vs torch after each export")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="keep checkpoints/exports here (default: temp)")
@@ -151,6 +162,10 @@ def settings_from_args(args: argparse.Namespace) -> GpuBenchSettings:
         loop_repeats=max(1, args.loop_repeats),
         gen_tokens=args.gen_tokens or preset.gen_tokens,
         prompt_tokens=args.prompt_tokens,
+        batched=not args.no_batched,
+        batch_sizes=tuple(sorted(set(args.batch_sizes))),
+        batch_ns=tuple(sorted(set(args.batch_ns))),
+        batch_past_length=args.batch_past_length,
         seed=args.seed,
         verify_export=args.verify_export,
         reuse=args.reuse,

@@ -70,10 +70,21 @@ class GpuBenchReport:
     phases_s: dict[str, float] = field(default_factory=dict)
     host: str = ""
     exports: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> export.json facts (ort)
+    batch_past_length: int | None = None  # L of the batched-pass sweep (None: not run)
+    batched_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # B -> N -> ms of one forward
+    batched_error: str | None = None  # why the batched sweep failed (it did not stop the run)
 
     def verify_curve(self) -> dict[int, dict[int, float]]:
         """L -> N -> T(N)/T(1)."""
         return {L: {n: t / row[1] for n, t in row.items()} for L, row in self.target_ms.items() if 1 in row}
+
+    def batching_speedup(self) -> dict[int, dict[int, float]]:
+        """B -> N -> B * T(1 seq) / T(B seqs): how many single-sequence passes one batched pass is worth."""
+        one = self.batched_ms.get(1, {})
+        return {
+            b: {n: b * one[n] / t for n, t in row.items() if n in one and t > 0}
+            for b, row in self.batched_ms.items()
+        }
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -85,6 +96,13 @@ class GpuBenchReport:
         d["truncate_ms"] = {str(L): round(t, 4) for L, t in self.truncate_ms.items()}
         d["verify_curve"] = {
             str(L): {str(n): round(v, 4) for n, v in row.items()} for L, row in self.verify_curve().items()
+        }
+        d["batched_ms"] = {
+            str(b): {str(n): round(t, 4) for n, t in row.items()} for b, row in self.batched_ms.items()
+        }
+        d["batching_speedup"] = {
+            str(b): {str(n): round(v, 4) for n, v in row.items()}
+            for b, row in self.batching_speedup().items()
         }
         return d
 
@@ -142,6 +160,7 @@ def render_markdown(r: GpuBenchReport) -> str:
                 )
                 cells.append(f"g={p.gamma}, {p.speedup:.2f}x" if p else "-")
             lines.append(f"| {method} | {a:.2f} | " + " | ".join(cells) + " |")
+    lines += _batched_table(r)
     if r.loop:
         lines += [
             "",
@@ -168,6 +187,34 @@ def render_markdown(r: GpuBenchReport) -> str:
                 f"{pr} | {po} | {'yes' if m.matches_greedy else 'NO'} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _batched_table(r: GpuBenchReport) -> list[str]:
+    """The "batched target passes" section (torch backend only; empty when the sweep did not run)."""
+    if r.batched_error:
+        return ["", f"## Batched target passes: failed ({r.batched_error})"]
+    if not r.batched_ms:
+        return []
+    ns = sorted({n for row in r.batched_ms.values() for n in row})
+    speedup = r.batching_speedup()
+    lines = [
+        "",
+        f"## Batched target passes (one target forward over B sequences, L={r.batch_past_length})",
+        "",
+        "ms of ONE forward over N new tokens of each of B sequences (batch dim B, every sequence with L "
+        "cached positions, KV cache truncated back after each call; logits copied to the host as float32 "
+        "as in T(N)), and the batching speedup B * T(1 seq) / T(B seqs).",
+        "",
+        "| B | " + " | ".join(f"N={n} ms | N={n} batching speedup" for n in ns) + " |",
+        "|---|" + "---|---|" * len(ns),
+    ]
+    for b in sorted(r.batched_ms):
+        cells = []
+        for n in ns:
+            t, s = r.batched_ms[b].get(n), speedup.get(b, {}).get(n)
+            cells += [f"{t:.3f}" if t is not None else "-", f"{s:.2f}x" if s is not None else "-"]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def slug(text: str) -> str:

@@ -10,13 +10,21 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from specls.bench.gpu.backends import gpu_name, is_cuda_provider, load_pair, provider_of, resolve_provider
+from specls.bench.gpu.backends import (
+    TorchCausalLM,
+    gpu_name,
+    is_cuda_provider,
+    load_pair,
+    provider_of,
+    resolve_provider,
+)
 from specls.bench.gpu.checkpoints import export_facts
 from specls.bench.gpu.loop import run_loop
 from specls.bench.gpu.predict import best_gamma, expected_tokens
 from specls.bench.gpu.report import GpuBenchReport, Prediction, write_report
 from specls.bench.gpu.shapes import BenchError, GpuBenchSettings, validate_settings
-from specls.bench.gpu.timing import phase, time_passes
+from specls.bench.gpu.timing import phase, time_batched_passes, time_passes
+from specls.decoder.api import CausalLM
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,8 @@ def run_bench(settings: GpuBenchSettings, progress: Callable[[str], None] | None
                 for a in alphas:
                     g, s = best_gamma(report.target_ms[L], report.c[L], a, method, gamma_max)
                     report.predictions.append(Prediction(method, L, a, g, expected_tokens(a, g), s))
+        if settings.batched:
+            _batched_sweep(settings, report, target, phases, say)
         if settings.out_dir is not None and settings.loop:
             # the pass costs and predictions survive a run killed during the loop (device time limits)
             write_report(report, settings.out_dir)
@@ -95,3 +105,41 @@ def run_bench(settings: GpuBenchSettings, progress: Callable[[str], None] | None
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _batched_sweep(
+    settings: GpuBenchSettings,
+    report: GpuBenchReport,
+    target: CausalLM,
+    phases: dict[str, float],
+    say: Callable[[str], None],
+) -> None:
+    """The batched-pass sweep (torch backend): one target forward over B sequences, for each (B, N). A
+    failure (e.g. out of memory) is reported and the run goes on to the loop."""
+    if not isinstance(target, TorchCausalLM):
+        say(f"batched target passes: torch backend only, skipped on {settings.backend}")
+        return
+    L = settings.batch_length()
+    report.batch_past_length = L
+    try:
+        with phase(phases, "batched"):
+            report.batched_ms = time_batched_passes(
+                target,
+                L,
+                sorted(settings.batch_sizes),
+                sorted(settings.batch_ns),
+                settings.warmup,
+                settings.repeats,
+                settings.seed,
+            )
+    except RuntimeError as exc:  # torch's out-of-memory and device errors
+        report.batched_error = f"{type(exc).__name__}: {exc}"
+        log.warning("batched target passes failed: %s", exc)
+        say(f"batched target passes failed: {report.batched_error}")
+        return
+    speedup = report.batching_speedup()
+    for b, row in report.batched_ms.items():
+        say(
+            f"batched L={L} B={b}: "
+            + ", ".join(f"N={n} {t:.3f} ms ({speedup[b][n]:.2f}x)" for n, t in row.items())
+        )

@@ -115,6 +115,10 @@ class GpuBenchSettings:
     loop_repeats: int = 2
     gen_tokens: int = 128
     prompt_tokens: int = 0  # 0 = the smallest past length
+    batched: bool = True  # the batched-pass sweep (torch backend only)
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # B: sequences in one target forward (must hold 1)
+    batch_ns: tuple[int, ...] = (1, 6)  # N: new tokens per sequence (6 = a gamma-5 verify)
+    batch_past_length: int = 0  # L of every sequence; 0 = the smallest past length
     seed: int = 0
     verify_export: bool = False
     ort_fusions: str | None = None  # export's ORT fusion mode (None = the export's default)
@@ -125,6 +129,10 @@ class GpuBenchSettings:
     def alpha_map(self) -> dict[str, tuple[float, ...]]:
         return dict(self.alphas)
 
+    def batch_length(self) -> int:
+        """The past length of the batched-pass sweep."""
+        return self.batch_past_length or min(self.past_lengths)
+
 
 def validate_settings(settings: GpuBenchSettings) -> None:
     if not settings.ns or 1 not in settings.ns or any(n < 1 for n in settings.ns):
@@ -133,6 +141,23 @@ def validate_settings(settings: GpuBenchSettings) -> None:
         raise BenchError(f"--past-lengths must be positive, got {list(settings.past_lengths)}")
     if settings.repeats < 1 or settings.warmup < 0:
         raise BenchError("--repeats must be >= 1 and --warmup >= 0")
+    if settings.batched:
+        if (
+            not settings.batch_sizes
+            or 1 not in settings.batch_sizes
+            or any(b < 1 for b in settings.batch_sizes)
+        ):
+            raise BenchError(
+                f"--batch-sizes must hold 1 and positive sizes, got {list(settings.batch_sizes)}"
+            )
+        if not settings.batch_ns or any(n < 1 for n in settings.batch_ns):
+            raise BenchError(f"--batch-ns must be positive, got {list(settings.batch_ns)}")
+        if settings.batch_past_length < 0:
+            raise BenchError(f"--batch-past-length must be >= 0, got {settings.batch_past_length}")
+        if settings.target.max_positions < settings.batch_length() + max(settings.batch_ns):
+            raise BenchError(
+                f"batched past length {settings.batch_length()} exceeds {settings.target.max_positions} positions"
+            )
     for shape in (settings.target, settings.draft):
         if shape.hidden % shape.heads or shape.heads % shape.kv_heads:
             raise BenchError(f"bad shape {shape.describe()}: hidden % heads and heads % kv_heads must be 0")
