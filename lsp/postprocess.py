@@ -58,7 +58,7 @@ class CursorContext:
     next_line: str  # first non-blank line after the cursor line, stripped ("" if none)
     indent: int  # indentation width of the cursor line
     open_brackets: str  # brackets open before the cursor, innermost last
-    open_quote: str  # the quote of a string open at the cursor, "" if none
+    open_quote: str  # the delimiter of a string open at the cursor (one quote or three), "" if none
     comment: str  # line comment marker of the language ("#" or "//")
     multiline: bool
 
@@ -92,17 +92,31 @@ def _first_line_end(text: str) -> int:
 
 class _Scanner:
     """Tracks brackets, strings and line comments character by character (a rough lexer that is
-    right for ordinary code and harmless when it is not)."""
+    right for ordinary code and harmless when it is not). Triple-quoted strings (Python docstrings,
+    also Kotlin/Swift/Java text blocks) span lines; other strings end at a line end."""
 
     def __init__(self, stack: str = "", quote: str = "", comment: str = "#") -> None:
         self.stack = list(stack)
         self.base = len(self.stack)  # openers that came from before the cursor
-        self.quote = quote
+        self.quote = quote if len(quote) == 1 else ""  # the open one-line string's quote
+        self.triple = quote[0] if len(quote) == 3 else ""  # the open triple-quoted string's quote
         self.outer_quote = bool(quote)  # the open string started before the cursor
         self.comment = comment
         self.in_comment = False
         self.escape = False
         self.prev = ""
+        self._quote_len = 0  # characters inside the open one-line string so far
+        self._pair = ""  # an empty string "" just closed: a third quote makes it a triple
+        self._run = 0  # closing quotes seen in a row inside a triple-quoted string
+
+    @property
+    def in_string(self) -> bool:
+        return bool(self.quote or self.triple)
+
+    @property
+    def open_quote(self) -> str:
+        """The open string's delimiter: one quote, three for a triple-quoted string, "" if none."""
+        return self.triple * 3 if self.triple else self.quote
 
     @property
     def depth(self) -> int:
@@ -113,30 +127,56 @@ class _Scanner:
         """Returns "unmatched" (a closer with no opener), "outer" (closes a bracket or string opened
         before the cursor) or ""."""
         prev, self.prev = self.prev, ch
+        if self.triple:
+            if self.escape:
+                self.escape, self._run = False, 0
+            elif ch == "\\":
+                self.escape, self._run = True, 0
+            elif ch == self.triple:
+                self._run += 1
+                if self._run == 3:
+                    self.triple, self._run = "", 0
+                    if self.outer_quote:
+                        self.outer_quote = False
+                        return "outer"
+            else:
+                self._run = 0
+            return ""
         if ch in "\r\n":
             self.in_comment = False
             self.quote = ""
             self.outer_quote = False
             self.escape = False
+            self._pair = ""
             return ""
         if self.in_comment:
             return ""
         if self.quote:
             if self.escape:
                 self.escape = False
+                self._quote_len += 1
             elif ch == "\\":
                 self.escape = True
+                self._quote_len += 1
             elif ch == self.quote:
                 self.quote = ""
                 if self.outer_quote:
                     self.outer_quote = False
                     return "outer"
+                if self._quote_len == 0:
+                    self._pair = ch  # "" so far: maybe the start of """
+            else:
+                self._quote_len += 1
+            return ""
+        pair, self._pair = self._pair, ""
+        if pair and ch == pair:
+            self.triple, self._run = ch, 0
             return ""
         if (self.comment == "#" and ch == "#") or (self.comment == "//" and ch == "/" and prev == "/"):
             self.in_comment = True
             return ""
         if ch in "\"'`":
-            self.quote = ch
+            self.quote, self._quote_len = ch, 0
             return ""
         if ch in OPENERS:
             self.stack.append(ch)
@@ -160,7 +200,7 @@ def _prefix_state(prefix: str, comment: str) -> tuple[str, str]:
     for ch in tail:
         if scan.feed(ch) == "unmatched":
             continue  # a stray closer before the cursor: ignore it
-    return "".join(scan.stack), scan.quote
+    return "".join(scan.stack), scan.open_quote
 
 
 def make_context(
@@ -322,7 +362,7 @@ def _trim_truncated(ctx: CursorContext, text: str) -> str:
     scan = _Scanner(ctx.open_brackets, ctx.open_quote, ctx.comment)
     opened: list[int] = []  # indices of the completion's own unclosed openers
     for i, ch in enumerate(text):
-        in_code = not scan.quote and not scan.in_comment
+        in_code = not scan.in_string and not scan.in_comment
         before = scan.depth
         scan.feed(ch)
         if in_code and ch in OPENERS and scan.depth > before:

@@ -127,3 +127,40 @@ def test_repetition_cut(text, want):
 
     cut = repetition_cut(text)
     assert (None if cut is None else text[:cut]) == want
+
+
+DOCSTRING = 'def f(x):\n    """Return x.\n\n    See g (the helper.\n    Don\'t call it twice.\n    """\n'
+
+
+@pytest.mark.parametrize(
+    ("prefix", "brackets", "quote"),
+    [
+        # a multi-line docstring's "(" and "'" are text, not an open bracket or string
+        (DOCSTRING + "    return g(", "(", ""),  # Not "((": the docstring's "(" does not count
+        (DOCSTRING + "    y = [", "[", ""),
+        ('def f():\n    """Return (the', "", '"""'),  # cursor inside the docstring
+        ("def f():\n    '''Return (the", "", "'''"),
+        ('x = "" + (', "(", ""),  # an empty string, not the start of a triple-quoted one
+        ('x = """a "quoted" (word)""" + (', "(", ""),  # quotes inside a triple-quoted string
+        ('s = """a\\"""" + [', "[", ""),  # an escaped quote does not count towards the closing three
+        ('x = "(" + (', "(", ""),
+    ],
+)
+def test_prefix_state_with_triple_quoted_strings(prefix: str, brackets: str, quote: str) -> None:
+    ctx = make_context(prefix, "\n")
+    assert (ctx.open_brackets, ctx.open_quote) == (brackets, quote)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '    """Area of a circle.\n    r: radius) in metres.\n    """\n    return 3.14159 * r * r\n',  # Not cut at ")"
+        '    """Area of a circle.\n    r: radius (in metres.\n    """\n    return 3.14159 * r * r\n',
+    ],
+)
+@pytest.mark.parametrize("truncated", [False, True])
+def test_completion_with_a_docstring_keeps_its_unbalanced_text(raw: str, truncated: bool) -> None:
+    """A docstring's stray bracket is text: the completion is neither cut there nor trimmed back as if
+    the bracket were still open."""
+    got = finalize(make_context("def area(r):\n", "\n"), raw, truncated=truncated)
+    assert got is not None and got.text == raw.rstrip("\n")
