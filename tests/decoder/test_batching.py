@@ -158,12 +158,10 @@ def test_waiter_runs_when_the_other_participant_leaves() -> None:
     assert not t2.is_alive() and got[0].shape == (2, 64)
 
 
-def test_failed_batch_reruns_one_by_one() -> None:
-    """One bad pass in a batch fails alone; its neighbours get their logits."""
-    bad_token = 63
-    run = RecordingBatch(fail_on=bad_token)
-    batcher = PassBatcher(run, BatchSettings(max_batch=4, max_wait_ms=60_000.0))
-    barrier = threading.Barrier(3)
+def _passes_at_once(batcher: PassBatcher, ids: list[list[int]]) -> dict[int, object]:
+    """One thread per entry, all inside the batcher at once: each runs one pass over its ids and
+    records its logits or its ValueError."""
+    barrier = threading.Barrier(len(ids))
     out: dict[int, object] = {}
 
     def one(i: int) -> None:
@@ -171,38 +169,30 @@ def test_failed_batch_reruns_one_by_one() -> None:
         with batcher.participant():
             barrier.wait()
             try:
-                out[i] = cache.forward([bad_token] if i == 0 else [i, i + 1])
+                out[i] = cache.forward(ids[i])
             except ValueError as exc:
                 out[i] = exc
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(ids))]
     for t in threads:
         t.start()
     _join(threads)
+    return out
+
+
+def test_failed_batch_reruns_one_by_one() -> None:
+    """One bad pass in a batch fails alone; its neighbours get their logits."""
+    bad_token = 63
+    batcher = PassBatcher(RecordingBatch(fail_on=bad_token), BatchSettings(max_batch=4, max_wait_ms=60_000.0))
+    out = _passes_at_once(batcher, [[bad_token], [1, 2], [2, 3]])
     # FakeCache accepts token 63 alone: only the batched call failed; every pass then ran by itself
     assert all(isinstance(out[i], np.ndarray) for i in range(3))
     assert batcher.stats.fallbacks >= 1
 
 
 def test_error_reaches_its_own_thread_only() -> None:
-    run = RecordingBatch()
-    batcher = PassBatcher(run, BatchSettings(max_batch=4, max_wait_ms=60_000.0))
-    barrier = threading.Barrier(2)
-    out: dict[int, object] = {}
-
-    def one(i: int) -> None:
-        cache = batcher.wrap(TARGET.new_cache())
-        with batcher.participant():
-            barrier.wait()
-            try:
-                out[i] = cache.forward([999] if i == 0 else [1])  # 999: out of the fake vocab
-            except ValueError as exc:
-                out[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    _join(threads)
+    batcher = PassBatcher(RecordingBatch(), BatchSettings(max_batch=4, max_wait_ms=60_000.0))
+    out = _passes_at_once(batcher, [[999], [1]])  # 999: out of the fake vocab
     assert isinstance(out[0], ValueError)
     assert isinstance(out[1], np.ndarray) and out[1].shape == (1, 64)
 

@@ -30,8 +30,8 @@ def _truncate_layers(past: Any, n: int) -> None:
             layer.values = layer.values[..., :n, :]
 
 
-class TorchCache:
-    """A KVCache over a transformers model and its DynamicCache (truncate slices every layer)."""
+class _DynamicCacheBase:
+    """A transformers DynamicCache with a length; truncate slices every layer."""
 
     def __init__(self, lm: TorchCausalLM) -> None:
         from transformers import DynamicCache
@@ -43,6 +43,16 @@ class TorchCache:
     @property
     def length(self) -> int:
         return self._len
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self._len:
+            raise ValueError(f"truncate({n}) on a cache of length {self._len}")
+        _truncate_layers(self._past, n)
+        self._len = n
+
+
+class TorchCache(_DynamicCacheBase):
+    """A KVCache over a transformers model and its DynamicCache (truncate slices every layer)."""
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         """ids: [n] -> logits: [n, vocab] float32."""
@@ -61,30 +71,16 @@ class TorchCache:
         self._len += n
         return logits
 
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self._len:
-            raise ValueError(f"truncate({n}) on a cache of length {self._len}")
-        _truncate_layers(self._past, n)
-        self._len = n
 
-
-class TorchBatchCache:
+class TorchBatchCache(_DynamicCacheBase):
     """B sequences of equal length in one DynamicCache (batch dim B): one forward runs the target over
     ``n`` new tokens of every sequence. For the batched-pass sweep (no padding, no attention mask)."""
 
     def __init__(self, lm: TorchCausalLM, batch: int) -> None:
-        from transformers import DynamicCache
-
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
-        self._lm = lm
-        self._past: Any = DynamicCache()
-        self._len = 0
+        super().__init__(lm)
         self.batch = batch
-
-    @property
-    def length(self) -> int:
-        return self._len
 
     def _run(self, ids: Sequence[Sequence[int]], keep_logits: bool) -> Any:
         import torch
@@ -118,12 +114,6 @@ class TorchBatchCache:
         with torch.inference_mode():
             logits = self._run(ids, keep_logits=True).float().cpu().numpy()  # logits: [B, n, vocab]
         return logits
-
-    def truncate(self, n: int) -> None:
-        if not 0 <= n <= self._len:
-            raise ValueError(f"truncate({n}) on a cache of length {self._len}")
-        _truncate_layers(self._past, n)
-        self._len = n
 
 
 class TorchCausalLM:
