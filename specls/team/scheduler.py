@@ -2,8 +2,8 @@
 
 ``FairScheduler`` owns ``workers`` threads that run the wrapped engine's ``complete`` (one by default,
 the Engine contract; more only for an engine that batches concurrent requests, such as ``OnnxEngine``
-with batching on). Two requests for the same document never run at once. Each client (one LSP connection) gets a ``ClientSession`` -- itself an
-``Engine`` -- whose calls are queued per client:
+with batching on). Two requests for the same document never run at once. Each client (one LSP
+connection) gets a ``ClientSession`` -- itself an ``Engine`` -- whose calls are queued per client:
 
 - per-client FIFO, round-robin across clients: a fast typist queues behind itself, never in front of
   a slow one;
