@@ -66,8 +66,9 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
         "--batch",
         type=_batch_size,
         default=DEFAULT_BATCH,
-        help="run up to N requests at once and join their target passes into one batched pass (in-process "
-        f"engine with a dynamic-batch target graph; the bundled one has it); 1 = off (default {DEFAULT_BATCH})",
+        help="run up to N requests at once and join their target passes into one batched pass "
+        "(in-process engine with a dynamic-batch target graph; the bundled one has it); 1 = off "
+        f"(default {DEFAULT_BATCH}: on a CPU it measured slower, see docs/team.md)",
     )
     g.add_argument("--max-queue", type=int, default=64, help="queued requests over all clients")
     g.add_argument("--per-client-queue", type=int, default=4, help="queued requests per client")

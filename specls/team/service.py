@@ -167,7 +167,8 @@ def declare_scheduler_gauges(metrics: Metrics, scheduler: FairScheduler) -> None
     metrics.gauge("running_requests", "Requests the engine is decoding now", callback=running)
     metrics.gauge(
         "batching",
-        "Batched target passes: passes, batched_passes (>= 2 sequences), mean_batch, solo_prefills, fallbacks",
+        "Batched target passes (--batch): passes, batched_passes (>= 2 sequences), mean_batch, "
+        "solo_prefills, fallbacks",
         callback=batching,
     )
     metrics.gauge("active_clients", "Connected client sessions", callback=active)
