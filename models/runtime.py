@@ -7,16 +7,17 @@ CPU: past KV lives as numpy arrays; each forward feeds them and keeps the graph'
 (already past+new long) as the next past, so no concatenation happens on our side. ``truncate`` is a
 slice on the sequence axis.
 
-Batched passes (``OnnxCausalLM.forward_batch``): several CPU caches advance in one ORT run of the
-model's dynamic-batch graph (``ModelSpec.batch_onnx_file``, or the main graph when its batch axis is
-dynamic). Pasts are left-padded to the longest, new tokens right-padded to the most; the attention mask
-hides both paddings and position ids are per sequence, so each sequence's logits and KV equal its own
-single pass up to float rounding. Pasts are left-padded, so each cache keeps a view of its real
-positions in the batch's presents (one contiguous range) instead of a copy.
-
 CUDA (``BoundKVCache``): past KV stays on the device as OrtValues bound through IOBinding; only
 ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice graph on the device
 (``_DeviceOps``, no host round trip); ``forward_greedy`` takes the argmax there too.
+
+Batched passes (``OnnxCausalLM.forward_batch``): several caches advance in one ORT run of the model's
+dynamic-batch graph (``ModelSpec.batch_onnx_file``, or the main graph when its batch axis is dynamic).
+Pasts are left-padded to the longest, new tokens right-padded to the most; the attention mask hides
+both paddings and position ids are per sequence, so each sequence's logits and KV equal its own single
+pass up to float rounding. Host caches keep views of their real positions (one contiguous range thanks
+to the left padding) in the batch's presents; device caches are stacked and split back by small
+gather/split graphs on the device, so their KV never visits the host.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,32 @@ def _create_session(onnx_path: Path, settings: RuntimeSettings) -> tuple[Any, st
     if settings.provider == "cuda" and got != "cuda":
         raise ModelLoadError(f"{onnx_path}: CUDA requested but onnxruntime could not use it (see ORT logs)")
     return sess, got
+
+
+@dataclass
+class _BatchInputs:
+    """A batched pass's host inputs: pasts left-padded to ``p_max``, new tokens right-padded to
+    ``s_max``; the mask hides both paddings and positions are per sequence."""
+
+    lens: list[int]  # cached positions per sequence
+    arrs: list[np.ndarray]  # new ids per sequence, each [n_i]
+
+    def __post_init__(self) -> None:
+        self.news = [a.size for a in self.arrs]
+        self.p_max, s_max = max(self.lens), max(self.news)
+        b = len(self.lens)
+        self.input_ids = np.zeros((b, s_max), dtype=np.int64)  # [b, s]; padding: token 0, masked out
+        self.mask = np.zeros((b, self.p_max + s_max), dtype=np.int64)  # [b, p_max + s]
+        self.positions = np.zeros((b, s_max), dtype=np.int64)  # [b, s]
+        for j, (p, arr) in enumerate(zip(self.lens, self.arrs, strict=True)):
+            n = arr.size
+            self.input_ids[j, :n] = arr
+            self.mask[j, self.p_max - p : self.p_max + n] = 1  # the real past ends where the new tokens start
+            self.positions[j] = np.arange(p, p + s_max)
+
+
+def _device_of(cache: Any) -> str:
+    return str(getattr(cache, "_device", "host"))
 
 
 class OnnxCausalLM:
@@ -180,8 +207,6 @@ class OnnxCausalLM:
 
     def batch_graph(self) -> Path | None:
         """The graph that can run a pass over several sequences, or None (see the module docstring)."""
-        if self.provider != "cpu":
-            return None  # device caches are bound per sequence; batching them is not implemented
         if self.spec.batch_onnx_file is not None:
             return self.model_dir / self.spec.batch_onnx_file
         batch_dim = self.session.get_inputs()[0].shape[0]
@@ -213,9 +238,10 @@ class OnnxCausalLM:
         return True
 
     def forward_batch(self, caches: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """One pass over several sequences: ``caches[i]`` (this model's CPU caches) grows by ``ids[i]``;
-        returns each one's logits [n_i, vocab] float32, as its own ``forward`` would (up to rounding).
-        Needs ``enable_batching()``. Every input is checked before anything runs."""
+        """One pass over several sequences: ``caches[i]`` (this model's caches, all host ``OrtKVCache``
+        or all ``BoundKVCache`` on one device) grows by ``ids[i]``; returns each one's logits
+        [n_i, vocab] float32, as its own ``forward`` would (up to rounding). Needs
+        ``enable_batching()``. Every input is checked before anything runs."""
         if self._batch_session is None:
             raise RuntimeError("forward_batch needs enable_batching() first")
         if len(caches) != len(ids):
@@ -224,8 +250,10 @@ class OnnxCausalLM:
         seqs: list[OrtKVCache] = []
         arrs: list[np.ndarray] = []
         for cache, seq_ids in zip(caches, ids, strict=True):
-            if type(cache) is not OrtKVCache or cache._lm is not self:
-                raise TypeError("forward_batch takes this model's CPU caches (OrtKVCache)")
+            if type(cache) not in (OrtKVCache, BoundKVCache) or cache._lm is not self:
+                raise TypeError("forward_batch takes this model's caches (OrtKVCache or BoundKVCache)")
+            if seqs and (type(cache) is not type(seqs[0]) or _device_of(cache) != _device_of(seqs[0])):
+                raise TypeError("forward_batch takes caches of one kind on one device")
             if any(cache is s for s in seqs):
                 raise ValueError("the same cache appears twice in one batch")
             seqs.append(cache)
@@ -234,39 +262,69 @@ class OnnxCausalLM:
         out = [np.zeros((0, spec.vocab_size), dtype=np.float32) for _ in arrs]
         if not live:
             return out
-        b = len(live)
-        lens = [seqs[i].length for i in live]
-        news = [arrs[i].size for i in live]
-        p_max, s_max = max(lens), max(news)
-        input_ids = np.zeros((b, s_max), dtype=np.int64)  # [b, s]; padding: token 0, masked out
-        mask = np.zeros((b, p_max + s_max), dtype=np.int64)  # [b, p_max + s]
-        pos = np.zeros((b, s_max), dtype=np.int64)  # [b, s]
+        batch = _BatchInputs([seqs[i].length for i in live], [arrs[i] for i in live])
+        bound = [c for c in seqs if isinstance(c, BoundKVCache)]
+        if bound:  # all of them (checked above)
+            logits = self._batch_on_device([bound[i] for i in live], batch)
+        else:
+            logits = self._batch_on_host([seqs[i] for i in live], batch)
         for j, i in enumerate(live):
-            p, n = lens[j], news[j]
-            input_ids[j, :n] = arrs[i]
-            mask[j, p_max - p : p_max + n] = 1  # left pad: the real past ends where the new tokens start
-            pos[j] = np.arange(p, p + s_max)
-        feed: dict[str, np.ndarray] = {"input_ids": input_ids, "attention_mask": mask}
-        if spec.uses_position_ids:
-            feed["position_ids"] = pos
+            row = logits[j, : batch.news[j]]  # [n, vocab]
+            out[i] = row if row.dtype == np.float32 else row.astype(np.float32)
+        return out
+
+    def _batch_feed(self, batch: _BatchInputs) -> dict[str, np.ndarray]:
+        feed: dict[str, np.ndarray] = {"input_ids": batch.input_ids, "attention_mask": batch.mask}
+        if self.spec.uses_position_ids:
+            feed["position_ids"] = batch.positions
+        return feed
+
+    def _batch_on_host(self, seqs: list[OrtKVCache], batch: _BatchInputs) -> np.ndarray:
+        spec, b, p_max = self.spec, len(seqs), batch.p_max
+        feed = self._batch_feed(batch)
         for k, name in enumerate(self.past_names):
             past = np.empty((b, spec.num_kv_heads, p_max, spec.head_dim), dtype=self.kv_dtype)  # [b,kv,p,hd]
-            for j, i in enumerate(live):
-                pad = p_max - lens[j]
+            for j, cache in enumerate(seqs):
+                pad = p_max - batch.lens[j]
                 past[j, :, :pad] = 0  # masked out, but never garbage (0 * NaN would leak through)
-                past[j, :, pad:] = seqs[i]._past[k][0]
+                past[j, :, pad:] = cache._past[k][0]
             feed[name] = past
         outs = self._batch_session.run(self.output_names, feed)
         logits, presents = outs[0], outs[1:]  # [b, s, vocab]; each [b, kv, p_max + s, hd]
-        for j, i in enumerate(live):
-            p, n = lens[j], news[j]
+        for j, cache in enumerate(seqs):
+            p, n = batch.lens[j], batch.news[j]
             # views, no copy: with left padding the real positions are one contiguous range
-            seqs[i]._past = [pr[j : j + 1, :, p_max - p : p_max + n] for pr in presents]  # [1, kv, p+n, hd]
-            seqs[i]._shared = True
-            seqs[i]._length = p + n
-            row = logits[j, :n]  # [n, vocab]
-            out[i] = row if row.dtype == np.float32 else row.astype(np.float32)
-        return out
+            cache._past = [pr[j : j + 1, :, p_max - p : p_max + n] for pr in presents]  # [1, kv, p+n, hd]
+            cache._shared = True
+            cache._length = p + n
+        return np.asarray(logits)
+
+    def _batch_on_device(self, seqs: list[BoundKVCache], batch: _BatchInputs) -> np.ndarray:
+        """The same pass with KV on the device: a gather graph left-pads and stacks the pasts there, the
+        batch graph runs through IOBinding, a split graph slices each sequence's presents back out; only
+        ids/mask/positions go up and the logits come down."""
+        device = seqs[0]._device
+        ops = self.device_ops(device)
+        p_max = batch.p_max
+        pasts = ops.gather([c._dev for c in seqs], [p_max - p for p in batch.lens])  # each [b,kv,p_max,hd]
+        binding = self._batch_session.io_binding()
+        for name, value in self._batch_feed(batch).items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name, past in zip(self.past_names, pasts, strict=True):
+            binding.bind_ortvalue_input(name, past)
+        binding.bind_output(self.spec.logits_name, "cpu")
+        for name in self.present_names:
+            binding.bind_output(name, device, 0)
+        self._batch_session.run_with_iobinding(binding)
+        outs = binding.get_outputs()  # [logits [b, s, vocab] (host), presents (device) ...]
+        starts = [p_max - p for p in batch.lens]
+        ends = [p_max + n for n in batch.news]
+        for cache, own, p, n in zip(
+            seqs, ops.split(list(outs[1:]), starts, ends), batch.lens, batch.news, strict=True
+        ):
+            cache._dev = own  # each [1, kv, p+n, hd] on the device
+            cache._length = p + n
+        return np.asarray(outs[0].numpy())
 
     def device_ops(self, device: str) -> _DeviceOps:
         if device not in self._device_ops:
@@ -427,22 +485,29 @@ class _DeviceOps:
 
     - slice: ``y_i = Slice(x_i, starts=[0], ends=[n], axes=[2])`` for every KV tensor in one run (the
       device-to-device copy of the kept prefix that ``truncate`` needs);
-    - argmax: ``ids = ArgMax(logits, axis=-1)`` so greedy steps copy n ids, not [n, vocab] logits.
+    - argmax: ``ids = ArgMax(logits, axis=-1)`` so greedy steps copy n ids, not [n, vocab] logits;
+    - gather / split (batched passes): left-pad B sequences' KV and stack them on the batch axis; slice
+      each sequence's positions back out of the batch's presents. One graph per B, built on first use.
 
-    Built in memory with the ``onnx`` package; without it both fall back to a host round trip.
+    Built in memory with the ``onnx`` package; without it they fall back to a host round trip.
     """
 
     def __init__(self, lm: OnnxCausalLM, device: str) -> None:
         self._device = device
         self._count = count = 2 * lm.spec.num_layers
+        self._kv_dtype = lm.kv_dtype
         self._slice: Any = None
         self._argmax: Any = None
+        self._gathers: dict[int, Any] = {}
+        self._splits: dict[int, Any] = {}
+        self._lock = threading.Lock()
         try:
             from onnx import TensorProto, helper
         except ImportError:
             log.warning("the onnx package is missing: KV truncation/argmax on %s go through the host", device)
             return
-        elem = TensorProto.FLOAT16 if lm.spec.dtype == "fp16" else TensorProto.FLOAT
+        self._elem = elem = TensorProto.FLOAT16 if lm.spec.dtype == "fp16" else TensorProto.FLOAT
+        self._kv_shape = (lm.spec.num_kv_heads, lm.spec.head_dim)
         shape: list[str | int | None] = [1, lm.spec.num_kv_heads, "s", lm.spec.head_dim]
         inputs = [helper.make_tensor_value_info(f"x{i}", elem, shape) for i in range(count)]
         inputs.append(helper.make_tensor_value_info("end", TensorProto.INT64, [1]))
@@ -494,6 +559,122 @@ class _DeviceOps:
             binding.bind_output(f"y{i}", self._device, 0)
         self._slice.run_with_iobinding(binding)
         return list(binding.get_outputs())
+
+    def _gather_graph(self, b: int) -> Any:
+        from onnx import TensorProto, helper
+
+        kv, hd = self._kv_shape
+        inputs = [
+            helper.make_tensor_value_info(f"x{k}_{i}", self._elem, [1, kv, f"s{i}", hd])
+            for k in range(self._count)
+            for i in range(b)
+        ]
+        inputs += [helper.make_tensor_value_info(f"pad{i}", TensorProto.INT64, [8]) for i in range(b)]
+        outputs = [
+            helper.make_tensor_value_info(f"y{k}", self._elem, [b, kv, "p", hd]) for k in range(self._count)
+        ]
+        nodes = [
+            helper.make_node("Pad", [f"x{k}_{i}", f"pad{i}"], [f"t{k}_{i}"], mode="constant")
+            for k in range(self._count)
+            for i in range(b)
+        ]
+        nodes += [
+            helper.make_node("Concat", [f"t{k}_{i}" for i in range(b)], [f"y{k}"], axis=0)
+            for k in range(self._count)
+        ]
+        return self._session(helper.make_graph(nodes, f"kv_gather_{b}", inputs, outputs))
+
+    def _split_graph(self, b: int) -> Any:
+        from onnx import TensorProto, helper
+
+        kv, hd = self._kv_shape
+        inputs = [
+            helper.make_tensor_value_info(f"x{k}", self._elem, [b, kv, "p", hd]) for k in range(self._count)
+        ]
+        for i in range(b):
+            inputs += [
+                helper.make_tensor_value_info(f"start{i}", TensorProto.INT64, [2]),
+                helper.make_tensor_value_info(f"end{i}", TensorProto.INT64, [2]),
+            ]
+        outputs = [
+            helper.make_tensor_value_info(f"y{k}_{i}", self._elem, [1, kv, f"s{i}", hd])
+            for k in range(self._count)
+            for i in range(b)
+        ]
+        nodes = [
+            helper.make_node("Slice", [f"x{k}", f"start{i}", f"end{i}", "axes"], [f"y{k}_{i}"])
+            for k in range(self._count)
+            for i in range(b)
+        ]
+        axes = helper.make_tensor("axes", TensorProto.INT64, [2], [0, 2])
+        return self._session(helper.make_graph(nodes, f"kv_split_{b}", inputs, outputs, initializer=[axes]))
+
+    def _graph(self, cache: dict[int, Any], b: int, build: Callable[[int], Any]) -> Any:
+        if self._slice is None:
+            return None  # no onnx package
+        with self._lock:
+            if b not in cache:
+                cache[b] = build(b)
+            return cache[b]
+
+    def gather(self, seqs: list[list[Any]], pads: list[int]) -> list[Any]:
+        """seqs: B x (2*layers x [1, kv, len_i, hd]) -> 2*layers x [B, kv, max len, hd], sequence i
+        left-padded with ``pads[i]`` zeros on the sequence axis (masked out by the batch's mask)."""
+        b = len(seqs)
+        graph = self._graph(self._gathers, b, self._gather_graph)
+        if graph is None:
+            import onnxruntime as ort
+
+            host = [
+                np.concatenate(
+                    [
+                        np.pad(seq[k].numpy(), ((0, 0), (0, 0), (pad, 0), (0, 0)))
+                        for seq, pad in zip(seqs, pads, strict=True)
+                    ],
+                    axis=0,
+                )
+                for k in range(self._count)
+            ]
+            return [ort.OrtValue.ortvalue_from_numpy(h, self._device, 0) for h in host]
+        binding = graph.io_binding()
+        for i, (seq, pad) in enumerate(zip(seqs, pads, strict=True)):
+            for k, value in enumerate(seq):
+                binding.bind_ortvalue_input(f"x{k}_{i}", value)
+            binding.bind_cpu_input(f"pad{i}", np.array([0, 0, pad, 0, 0, 0, 0, 0], dtype=np.int64))
+        for k in range(self._count):
+            binding.bind_output(f"y{k}", self._device, 0)
+        graph.run_with_iobinding(binding)
+        return list(binding.get_outputs())
+
+    def split(self, values: list[Any], starts: list[int], ends: list[int]) -> list[list[Any]]:
+        """values: 2*layers x [B, kv, L, hd] -> B x (2*layers x [1, kv, ends[i] - starts[i], hd]), the
+        range [starts[i], ends[i]) of sequence i on the sequence axis, each a copy of its own."""
+        b = len(starts)
+        graph = self._graph(self._splits, b, self._split_graph)
+        if graph is None:
+            import onnxruntime as ort
+
+            return [
+                [
+                    ort.OrtValue.ortvalue_from_numpy(
+                        np.ascontiguousarray(v.numpy()[i : i + 1, :, starts[i] : ends[i]]), self._device, 0
+                    )
+                    for v in values
+                ]
+                for i in range(b)
+            ]
+        binding = graph.io_binding()
+        for k, value in enumerate(values):
+            binding.bind_ortvalue_input(f"x{k}", value)
+        for i in range(b):
+            binding.bind_cpu_input(f"start{i}", np.array([i, starts[i]], dtype=np.int64))
+            binding.bind_cpu_input(f"end{i}", np.array([i + 1, ends[i]], dtype=np.int64))
+        for k in range(self._count):
+            for i in range(b):
+                binding.bind_output(f"y{k}_{i}", self._device, 0)
+        graph.run_with_iobinding(binding)
+        outs = binding.get_outputs()  # ordered as the graph's outputs: k-major, then i
+        return [[outs[k * b + i] for k in range(self._count)] for i in range(b)]
 
     def argmax(self, logits: Any) -> np.ndarray:
         """logits: OrtValue [1, n, vocab] on the device -> [n] int64 on the host."""

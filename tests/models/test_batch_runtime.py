@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from specls.models.runtime import OnnxCausalLM, OrtKVCache
+from specls.models.runtime import BoundKVCache, OnnxCausalLM, OrtKVCache
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +142,44 @@ def test_compact_drops_views_into_the_batch(plain_dir: Path) -> None:
     assert all(np.array_equal(x, y) for x, y in zip(a._past, before, strict=True))
     twin = _copy(a, lm)
     assert np.array_equal(a.forward([8]), twin.forward([8]))
+
+
+def _bound_pair(lm: OnnxCausalLM, prompt: list[int]) -> tuple[BoundKVCache, BoundKVCache]:
+    """Two device-style caches holding the same prompt (device "cpu": the CUDA code path on the CPU)."""
+    a, b = BoundKVCache(lm, "cpu"), BoundKVCache(lm, "cpu")
+    a.forward(prompt)
+    b.forward(prompt)
+    return a, b
+
+
+@pytest.mark.parametrize("model", ["plain", "fused"])
+def test_device_caches_batch_on_the_device(model: str, plain_dir: Path, fused_with_batch_graph: Path) -> None:
+    """BoundKVCache batches through IOBinding with gather/split graphs on the device; each cache's
+    logits and KV equal its own single passes (on the same device path)."""
+    lm = OnnxCausalLM(plain_dir if model == "plain" else fused_with_batch_graph)
+    assert lm.enable_batching()
+    pairs = [_bound_pair(lm, p) for p in PROMPTS]
+    caches, refs = [a for a, _ in pairs], [b for _, b in pairs]
+    for step in STEPS:
+        got = lm.forward_batch(caches, step)
+        for c, r, ids, g in zip(caches, refs, step, got, strict=True):
+            assert g.shape == (len(ids), lm.vocab_size)
+            if ids:
+                want = r.forward(ids)
+                assert np.abs(g - want).max() < 1e-4
+                assert (g.argmax(-1) == want.argmax(-1)).all()
+            assert c.length == r.length
+            for x, y in zip(c._dev, r._dev, strict=True):
+                assert x.shape() == y.shape()
+                assert np.abs(x.numpy() - y.numpy()).max() < 1e-4
+    # truncate and a lone pass still work on caches that came out of a batch
+    caches[0].truncate(3)
+    refs[0].truncate(3)
+    assert np.abs(caches[0].forward([9, 9]) - refs[0].forward([9, 9])).max() < 1e-4
+
+
+def test_mixed_cache_kinds_are_refused(plain_dir: Path) -> None:
+    lm = OnnxCausalLM(plain_dir)
+    assert lm.enable_batching()
+    with pytest.raises(TypeError, match="one kind"):
+        lm.forward_batch([lm.new_cache(), BoundKVCache(lm, "cpu")], [[1], [2]])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -193,3 +194,66 @@ def test_typing_session_stays_exact_and_cheap(engine: OnnxEngine, points: list[P
         prefix += r.text[0]  # the user types the suggestion's first character
     s = e.stats()
     assert s["prefix_reuse_hit_rate"] == pytest.approx((int(s["requests"]) - 1) / int(s["requests"]))  # type: ignore[call-overload]
+
+
+class BoundOnCpu:
+    """The bundled target handing out device-style caches (IOBinding, KV as OrtValues) on the CPU:
+    the CUDA code path, batching included, without a GPU."""
+
+    def __init__(self, lm: Any) -> None:
+        self._lm = lm
+        self.vocab_size = lm.vocab_size
+
+    def new_cache(self) -> KVCache:
+        from specls.models.runtime import BoundKVCache
+
+        return BoundKVCache(self._lm, "cpu")
+
+    def enable_batching(self) -> bool:
+        return bool(self._lm.enable_batching())
+
+    def forward_batch(self, caches: Sequence[KVCache], ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        return list(self._lm.forward_batch(caches, ids))
+
+
+@pytest.mark.parametrize("caches", ["host", "device-path"])
+def test_concurrent_batched_completions_equal_one_at_a_time(
+    engine: OnnxEngine, points: list[Point], caches: str
+) -> None:
+    """Four documents completed at once with batching on: the bundled target's batch graph joins
+    their passes, and every completion equals the one-at-a-time (fused batch-1 graph) completion."""
+    import threading
+
+    from specls.decoder.batching import BatchSettings
+
+    models = engine.models
+    if caches == "device-path":
+        models = replace(models, target=BoundOnCpu(models.target))
+    one = OnnxEngine(EngineSettings(threads=1, lru_size=0), models)
+    batching = BatchSettings(max_batch=4, max_wait_ms=50.0)
+    many = OnnxEngine(EngineSettings(threads=1, lru_size=0, batching=batching), models)
+    requests = [req(p, f"file:///batch/{i}.py") for i, p in enumerate(points)]
+    want, prompts, tokens = [], [], []
+    for r in requests:
+        want.append(one.complete(r).text)
+        prompts.append(list(one.last_prompt))
+        tokens.append(list(one.last_tokens))
+    got: list[str] = [""] * len(requests)
+    barrier = threading.Barrier(len(requests))
+
+    def run(i: int) -> None:
+        barrier.wait()
+        got[i] = many.complete(requests[i]).text
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    stats = many.stats()["batching"]
+    assert isinstance(stats, dict) and stats["enabled"] and stats["batched_passes"] > 0
+    for i in range(len(requests)):
+        assert got[i] == want[i], margin(
+            engine.models, prompts[i], tokens[i], models.tokenizer.encode(got[i])
+        )
