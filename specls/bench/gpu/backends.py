@@ -9,6 +9,7 @@ import logging
 import platform
 import subprocess
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,50 @@ def load_ort(model_dir: Path, settings: GpuBenchSettings, provider: str) -> Caus
     return lm
 
 
+class RuntimeBatchCache:
+    """B of the runtime's own caches advanced together through ``OnnxCausalLM.forward_batch`` (the path
+    ``specls serve --batch`` takes); B = 1 runs the cache's own forward on the main graph, as a lone
+    pass does in the server. The ``BatchKVCache`` of the batched-pass sweep."""
+
+    def __init__(self, lm: Any, batch: int) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self._lm = lm
+        self._caches = [lm.new_cache() for _ in range(batch)]
+
+    @property
+    def length(self) -> int:
+        return int(self._caches[0].length)
+
+    def prefill(self, ids: Sequence[Sequence[int]]) -> None:
+        for cache, row in zip(self._caches, ids, strict=True):
+            cache.forward(list(row))
+
+    def forward(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """ids: [B][n] -> logits: [B, n, vocab]."""
+        if len(self._caches) == 1:
+            return self._caches[0].forward(list(ids[0]))[None]
+        return np.stack(self._lm.forward_batch(self._caches, [list(r) for r in ids]))
+
+    def truncate(self, n: int) -> None:
+        for cache in self._caches:
+            cache.truncate(n)
+
+
+class RuntimeBatchLM:
+    """An ``OnnxCausalLM`` with a batch graph as the sweep's ``BatchCausalLM``."""
+
+    def __init__(self, lm: Any) -> None:
+        self._lm = lm
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._lm.vocab_size)
+
+    def new_batch_cache(self, batch: int) -> RuntimeBatchCache:
+        return RuntimeBatchCache(self._lm, batch)
+
+
 def provider_of(lm: object) -> str:
     return str(getattr(lm, "provider", "unknown"))
 
@@ -246,7 +291,9 @@ def load_pair(
         ("draft", settings.draft, settings.seed + 1),
     ):
         ckpt, onnx = work / f"{role}-ckpt", work / f"{role}-onnx"
-        onnx_stamp = build_stamp(shape, seed, dtype)
+        # the ORT batched sweep needs the target's dynamic-batch graph (fused exports fix the batch to 1)
+        with_batch_graph = role == "target" and settings.batched
+        onnx_stamp = {**build_stamp(shape, seed, dtype), "batch_graph": with_batch_graph}
         if not (settings.backend == "ort" and settings.reuse and reusable(onnx, onnx_stamp)):
             if settings.reuse and reusable(ckpt, build_stamp(shape, seed, None)):
                 log.info("reusing %s", ckpt)
@@ -258,7 +305,10 @@ def load_pair(
                 from specls.models.export import export_model
 
                 with phase(phases, f"export_{role}"):
-                    export_model(str(ckpt), onnx, export_options(settings, dtype))
+                    options = export_options(settings, dtype)
+                    if with_batch_graph:
+                        options = replace(options, batch_graph=True)
+                    export_model(str(ckpt), onnx, options)
                     (onnx / STAMP).write_text(json.dumps(onnx_stamp))
         else:
             log.info("reusing %s", onnx)

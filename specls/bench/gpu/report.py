@@ -190,7 +190,7 @@ def render_markdown(r: GpuBenchReport) -> str:
 
 
 def _batched_table(r: GpuBenchReport) -> list[str]:
-    """The "batched target passes" section (torch backend only; empty when the sweep did not run)."""
+    """The "batched target passes" section (empty when the sweep did not run)."""
     if r.batched_error:
         return ["", f"## Batched target passes: failed ({r.batched_error})"]
     if not r.batched_ms:

@@ -9,8 +9,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from specls.bench.gpu.backends import (
+    RuntimeBatchLM,
     TorchCausalLM,
     gpu_name,
     is_cuda_provider,
@@ -116,15 +118,20 @@ def _batched_sweep(
 ) -> None:
     """The batched-pass sweep (torch backend): one target forward over B sequences, for each (B, N). A
     failure (e.g. out of memory) is reported and the run goes on to the loop."""
-    if not isinstance(target, TorchCausalLM):
-        say(f"batched target passes: torch backend only, skipped on {settings.backend}")
+    batch_lm: Any
+    if isinstance(target, TorchCausalLM):
+        batch_lm = target
+    elif callable(getattr(target, "enable_batching", None)) and target.enable_batching():  # type: ignore[attr-defined]
+        batch_lm = RuntimeBatchLM(target)  # the runtime's own batched path: gather, batch graph, split
+    else:
+        say(f"batched target passes: the {settings.backend} target has no dynamic-batch graph, skipped")
         return
     L = settings.batch_length()
     report.batch_past_length = L
     try:
         with phase(phases, "batched"):
             report.batched_ms = time_batched_passes(
-                target,
+                batch_lm,
                 L,
                 sorted(settings.batch_sizes),
                 sorted(settings.batch_ns),
@@ -132,7 +139,7 @@ def _batched_sweep(
                 settings.repeats,
                 settings.seed,
             )
-    except RuntimeError as exc:  # torch's out-of-memory and device errors
+    except Exception as exc:  # out-of-memory and device errors (torch, onnxruntime): report, go on
         report.batched_error = f"{type(exc).__name__}: {exc}"
         log.warning("batched target passes failed: %s", exc)
         say(f"batched target passes failed: {report.batched_error}")

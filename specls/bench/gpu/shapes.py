@@ -115,7 +115,9 @@ class GpuBenchSettings:
     loop_repeats: int = 2
     gen_tokens: int = 128
     prompt_tokens: int = 0  # 0 = the smallest past length
-    batched: bool = True  # the batched-pass sweep (torch backend only)
+    batched: bool = (
+        True  # the batched-pass sweep (torch: batch-dim forward; ort: the runtime's forward_batch)
+    )
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)  # B: sequences in one target forward (must hold 1)
     batch_ns: tuple[int, ...] = (1, 6)  # N: new tokens per sequence (6 = a gamma-5 verify)
     batch_past_length: int = 0  # L of every sequence; 0 = the smallest past length
