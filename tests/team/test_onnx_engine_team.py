@@ -121,3 +121,71 @@ def test_bundled_engine_remote_end_to_end() -> None:
         assert server.scheduler.stats()["engine"]["documents"] == 1  # type: ignore[index]
     finally:
         server.close()
+
+
+def test_batched_service_survives_a_killed_client() -> None:
+    """Batching on, three clients at once: killing one mid-request cancels only its request (at its next
+    pass) and frees its documents; the other two get exactly the one-at-a-time completions."""
+    import dataclasses
+    import threading
+    import time
+    from collections.abc import Sequence
+
+    import numpy as np
+    from specls.decoder.batching import BatchSettings
+    from specls.decoder.testing import FakeCache, FakeLM
+
+    from specls.team.scheduler import SchedulerSettings
+    from tests.specls.fakes import BatchableFakeLM
+
+    class SlowCache(FakeCache):
+        def forward(self, ids: Sequence[int]) -> np.ndarray:
+            time.sleep(0.002)  # a pass takes time, so the victim is still decoding when killed
+            return super().forward(ids)
+
+    class SlowBatchable(BatchableFakeLM):
+        def new_cache(self) -> FakeCache:
+            return SlowCache(self)
+
+    base = fake_models(allow_eos=False)
+    assert isinstance(base.target, FakeLM)
+    models = dataclasses.replace(base, target=SlowBatchable(base.target))
+    reference = OnnxEngine(EngineSettings(threads=1, lru_size=0), fake_models(allow_eos=False))
+    want = {p: reference.complete(req(p, f"file:///w/{p}.py")).text for p in POINTS[:2]}
+    engine = OnnxEngine(
+        EngineSettings(threads=1, lru_size=0, batching=BatchSettings(max_batch=4, max_wait_ms=20.0)), models
+    )
+    sched = FairScheduler(engine, SchedulerSettings(workers=3))
+    try:
+        victim = sched.session("victim")
+        others = [sched.session(f"c{i}") for i in range(2)]
+        got: dict[str, object] = {}
+
+        def run(name: str, fn: object) -> threading.Thread:
+            def target() -> None:
+                got[name] = fn()  # type: ignore[operator]
+
+            t = threading.Thread(target=target)
+            t.start()
+            return t
+
+        tv = run("victim", lambda: victim.complete(req(len(SOURCE), "file:///w/v.py", max_tokens=3000)))
+        deadline = time.monotonic() + 10
+        while not sched.scheduler_stats()["running"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        threads = [
+            run(str(p), lambda p=p, s=s: s.complete(req(p, f"file:///w/{p}.py")))
+            for p, s in zip(POINTS[:2], others, strict=True)
+        ]
+        time.sleep(0.05)
+        victim.close()  # the connection dropped
+        for t in [tv, *threads]:
+            t.join(30)
+        rv = got["victim"]
+        assert rv.cancelled and rv.tokens < 3000  # type: ignore[attr-defined]
+        for p in POINTS[:2]:
+            assert got[str(p)].text == want[p]  # type: ignore[attr-defined]
+        assert engine.stats()["batching"]["batched_passes"] > 0  # type: ignore[index]
+        assert all(not d.startswith(victim.inner_id("")) for d in engine._docs)  # its KV is freed
+    finally:
+        sched.close()
