@@ -183,3 +183,23 @@ def test_mixed_cache_kinds_are_refused(plain_dir: Path) -> None:
     assert lm.enable_batching()
     with pytest.raises(TypeError, match="one kind"):
         lm.forward_batch([lm.new_cache(), BoundKVCache(lm, "cpu")], [[1], [2]])
+
+
+def test_corrupt_batch_graph_is_a_clear_error_and_the_engine_serves_unbatched(
+    fused_with_batch_graph: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from specls.decoder.batching import BatchSettings
+    from specls.models.spec import ModelLoadError
+
+    from specls.engine import EngineSettings, OnnxEngine
+
+    d = tmp_path / "broken"
+    shutil.copytree(fused_with_batch_graph, d)
+    (d / "model.batch.onnx").write_bytes(b"not an onnx graph")
+    lm = OnnxCausalLM(d)  # the main graph still loads
+    with pytest.raises(ModelLoadError, match="model.batch.onnx"):
+        lm.enable_batching()
+    engine = OnnxEngine(EngineSettings(batching=BatchSettings(max_batch=4)))
+    assert engine._make_batcher(lm) is None  # logged, and completions run one at a time
+    assert "batching off" in caplog.text
+    assert lm.new_cache().forward([1, 2]).shape == (2, lm.vocab_size)
