@@ -29,7 +29,8 @@ class KVCache(Protocol):
 
     ``forward`` appends ``ids`` after the ``length`` cached positions and returns the logits of every
     new position; ``truncate(n)`` rolls the cache back to its first ``n`` positions (exact: a slice on
-    the sequence axis).
+    the sequence axis). A cache may also have ``append(ids) -> None``: ``forward`` whose logits nobody
+    needs (a prefill); a device cache then leaves them on the device instead of copying [n, vocab] back.
     """
 
     @property

@@ -85,6 +85,10 @@ class PassBatcher:
                 self._active -= 1
                 self._cv.notify_all()  # waiters may now be everyone
 
+    def note_solo_prefill(self) -> None:
+        with self._cv:
+            self.stats.solo_prefills += 1
+
     def wrap(self, cache: KVCache) -> BatchedCache:
         return BatchedCache(cache, self)
 
@@ -203,6 +207,16 @@ class BatchedCache:
 
     def truncate(self, n: int) -> None:
         self.inner.truncate(n)
+
+    def append(self, ids: Sequence[int]) -> None:
+        """A prefill (logits not needed): a long one runs alone through the inner cache's own
+        ``append`` when it has one; a short one joins a batch like any pass."""
+        inner_append = getattr(self.inner, "append", None)
+        if inner_append is not None and len(ids) > self._batcher.settings.max_tokens:
+            self._batcher.note_solo_prefill()
+            inner_append(ids)
+        else:
+            self.forward(ids)
 
     def release(self) -> None:
         """The request is done: let the inner cache drop what batched passes shared (``compact``)."""

@@ -119,7 +119,8 @@ def generate(
         target.truncate(len(prompt) - 1)
     result.prefill_tokens = len(prompt) - target.length
     if target.length < len(prompt) - 1:
-        target.forward(prompt[target.length : -1])  # logits of prompt positions are not needed
+        append = getattr(target, "append", None)  # a forward whose logits stay where they are
+        (append or target.forward)(prompt[target.length : -1])  # prompt positions' logits: not needed
     result.prefill_ms = (clock() - t0) * 1e3
 
     sampling = settings.temperature > 0.0

@@ -390,7 +390,9 @@ class OrtKVCache:
         logits = outs[0][0]  # [n, vocab]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
-    append = forward
+    def append(self, ids: Sequence[int]) -> None:
+        """``forward`` without the logits (a prefill): the cache grows by len(ids)."""
+        self.forward(ids)
 
     def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
         """Like ``forward`` but returns only each position's argmax: [n] int64 (ties: the lowest id,
@@ -462,7 +464,12 @@ class BoundKVCache(OrtKVCache):
         logits = self._run(arr, "cpu").numpy()[0]  # [n, vocab]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
-    append = forward
+    def append(self, ids: Sequence[int]) -> None:
+        """A prefill: the logits stay on the device and are dropped ([n, vocab] of a long prompt is
+        hundreds of MB at a 150k vocabulary), only the KV is kept."""
+        arr = _check_ids(ids, self._lm.spec, self._length)
+        if arr.size:
+            self._run(arr, self._device)
 
     def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
         arr = _check_ids(ids, self._lm.spec, self._length)

@@ -236,3 +236,33 @@ def test_release_compacts_the_inner_cache_when_it_can() -> None:
     wrapped.release()
     assert c.compacted == 1 and wrapped.length == 2
     batcher.wrap(TARGET.new_cache()).release()  # a cache without compact(): nothing to do
+
+
+def test_append_long_prefill_runs_alone_short_one_through_the_batcher() -> None:
+    class Appending:
+        def __init__(self) -> None:
+            self.inner = TARGET.new_cache()
+            self.appended: list[int] = []
+
+        @property
+        def length(self) -> int:
+            return self.inner.length
+
+        def forward(self, ids: Sequence[int]) -> np.ndarray:
+            return self.inner.forward(ids)
+
+        def truncate(self, n: int) -> None:
+            self.inner.truncate(n)
+
+        def append(self, ids: Sequence[int]) -> None:
+            self.appended.append(len(ids))
+            self.inner.forward(ids)
+
+    batcher = PassBatcher(RecordingBatch(), BatchSettings(max_batch=4, max_tokens=4))
+    c = Appending()
+    wrapped = batcher.wrap(c)
+    wrapped.append(list(range(10)))  # long: the inner cache's own append, no waiting
+    wrapped.append([1, 2])  # short: a pass like any other (joined when others wait)
+    assert c.appended == [10] and wrapped.length == 12
+    snap = batcher.snapshot()
+    assert snap["solo_prefills"] == 1 and snap["passes"] == 1

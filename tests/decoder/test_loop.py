@@ -364,3 +364,28 @@ def test_a_failing_drafter_degrades_to_plain_decoding(how: str) -> None:
     assert result.tokens == REF  # Not an exception
     assert drafter.calls == 3  # never asked again after it failed
     assert result.accepted == 2 * K
+
+
+class AppendingCache(FakeCache):
+    """A cache with ``append`` (a forward whose logits nobody reads), recording how it was fed."""
+
+    def __init__(self, model: FakeLM) -> None:
+        super().__init__(model)
+        self.appended: list[int] = []  # sizes of append calls
+        self.forwarded: list[int] = []  # sizes of forward calls
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        self.forwarded.append(len(ids))
+        return super().forward(ids)
+
+    def append(self, ids: Sequence[int]) -> None:
+        self.appended.append(len(ids))
+        FakeCache.forward(self, ids)
+
+
+def test_prefill_goes_through_append_when_the_cache_has_it() -> None:
+    cache = AppendingCache(TARGET)
+    out = generate(cache, PROMPT, None, DecodeSettings(max_new_tokens=8), frozenset())
+    assert out.tokens == REF[:8]
+    assert cache.appended == [len(PROMPT) - 1]  # the prompt but its last token, logits never read
+    assert cache.forwarded == [1] * 8  # Not [len(PROMPT) - 1, 1, ...]: decode passes only

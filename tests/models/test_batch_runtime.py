@@ -203,3 +203,14 @@ def test_corrupt_batch_graph_is_a_clear_error_and_the_engine_serves_unbatched(
     assert engine._make_batcher(lm) is None  # logged, and completions run one at a time
     assert "batching off" in caplog.text
     assert lm.new_cache().forward([1, 2]).shape == (2, lm.vocab_size)
+
+
+def test_append_keeps_kv_and_drops_logits(plain_dir: Path) -> None:
+    """``append`` (a prefill) leaves exactly the KV ``forward`` would, on host and device caches."""
+    lm = OnnxCausalLM(plain_dir)
+    for make in (lm.new_cache, lambda: BoundKVCache(lm, "cpu")):
+        a, b = make(), make()
+        a.append([3, 4, 5, 6])
+        b.forward([3, 4, 5, 6])
+        assert a.length == b.length == 4
+        assert np.array_equal(a.forward([7]), b.forward([7]))
