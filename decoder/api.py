@@ -30,7 +30,8 @@ class KVCache(Protocol):
     ``forward`` appends ``ids`` after the ``length`` cached positions and returns the logits of every
     new position; ``truncate(n)`` rolls the cache back to its first ``n`` positions (exact: a slice on
     the sequence axis). A cache may also have ``append(ids) -> None``: ``forward`` whose logits nobody
-    needs (a prefill); a device cache then leaves them on the device instead of copying [n, vocab] back.
+    needs (a prefill), and ``forward_last(ids) -> [vocab]``: only the last position's logits (a
+    catch-up); models that can skip the vocabulary projection of the other positions then do.
     """
 
     @property

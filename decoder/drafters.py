@@ -135,10 +135,14 @@ class DraftModelDrafter:
 
     def _feed(self, ids: Sequence[int]) -> np.ndarray:
         assert self._cache is not None
-        logits = self._cache.forward(ids)  # logits: [len(ids), vocab]
+        forward_last = getattr(self._cache, "forward_last", None)  # only the row we need (catch-up)
+        if forward_last is not None and len(ids) > 1:
+            last = forward_last(ids)  # [vocab]
+        else:
+            last = self._cache.forward(ids)[-1]  # forward: [len(ids), vocab]
         self._tokens.extend(ids)
         self.forward_tokens += len(ids)
-        return logits[-1]  # [vocab]
+        return np.asarray(last)  # [vocab]
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         self._q = []

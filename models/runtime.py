@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from specls.models.spec import GraphIO, ModelLoadError, ModelSpec, check_graph_io, load_spec
+from specls.models.spec import LOGITS_TO_KEEP, GraphIO, ModelLoadError, ModelSpec, check_graph_io, load_spec
 from specls.models.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -277,6 +277,8 @@ class OnnxCausalLM:
         feed: dict[str, np.ndarray] = {"input_ids": batch.input_ids, "attention_mask": batch.mask}
         if self.spec.uses_position_ids:
             feed["position_ids"] = batch.positions
+        if self.spec.keeps_logits:
+            feed[LOGITS_TO_KEEP] = np.array([batch.input_ids.shape[1]], dtype=np.int64)  # all: [1]
         return feed
 
     def _batch_on_host(self, seqs: list[OrtKVCache], batch: _BatchInputs) -> np.ndarray:
@@ -364,7 +366,9 @@ class OrtKVCache:
     def length(self) -> int:
         return self._length
 
-    def _feed(self, arr: np.ndarray) -> dict[str, np.ndarray]:
+    def _feed(self, arr: np.ndarray, keep: int | None = None) -> dict[str, np.ndarray]:
+        """Inputs of a pass over ``arr``; ``keep``: logits for only the last that many positions (a
+        graph with ``logits_to_keep`` then skips the vocabulary projection of the others)."""
         n = arr.shape[0]
         total = self._length + n
         feed: dict[str, np.ndarray] = {
@@ -373,26 +377,36 @@ class OrtKVCache:
         }
         if self._lm.spec.uses_position_ids:
             feed["position_ids"] = np.arange(self._length, total, dtype=np.int64)[None, :]  # [1, n]
+        if self._lm.spec.keeps_logits:
+            feed[LOGITS_TO_KEEP] = np.array([n if keep is None else keep], dtype=np.int64)  # [1]
         return feed
 
-    def forward(self, ids: Sequence[int]) -> np.ndarray:
-        """ids: [n] -> logits: [n, vocab] float32; the cache grows by n."""
+    def _forward(self, ids: Sequence[int], keep: int | None) -> np.ndarray:
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
-        feed = self._feed(arr)
+        feed = self._feed(arr, keep)
         for name, past in zip(self._lm.past_names, self._past, strict=True):
             feed[name] = past
         outs = self._lm.session.run(self._lm.output_names, feed)
         self._past = outs[1:]  # each [1, kv, past+n, hd]
         self._shared = False
         self._length += arr.size
-        logits = outs[0][0]  # [n, vocab]
+        logits = outs[0][0]  # [n (or kept), vocab]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        """ids: [n] -> logits: [n, vocab] float32; the cache grows by n."""
+        return self._forward(ids, None)
+
+    def forward_last(self, ids: Sequence[int]) -> np.ndarray:
+        """The logits of the last new position only: [vocab] (a catch-up prefill that needs one row;
+        graphs with ``logits_to_keep`` compute only that row)."""
+        return self._forward(ids, 1)[-1]
 
     def append(self, ids: Sequence[int]) -> None:
         """``forward`` without the logits (a prefill): the cache grows by len(ids)."""
-        self.forward(ids)
+        self._forward(ids, 1)
 
     def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
         """Like ``forward`` but returns only each position's argmax: [n] int64 (ties: the lowest id,
@@ -440,11 +454,11 @@ class BoundKVCache(OrtKVCache):
         ]  # each [1, kv, length, hd] on the device
         self._past = []  # unused: the host copies of the CPU cache
 
-    def _run(self, arr: np.ndarray, logits_device: str) -> Any:
-        """One step; returns the logits OrtValue [1, n, vocab] on ``logits_device``."""
+    def _run(self, arr: np.ndarray, logits_device: str, keep: int | None = None) -> Any:
+        """One step; returns the logits OrtValue [1, n (or keep), vocab] on ``logits_device``."""
         lm = self._lm
         binding = lm.session.io_binding()
-        for name, value in self._feed(arr).items():
+        for name, value in self._feed(arr, keep).items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for name, past in zip(lm.past_names, self._dev, strict=True):
             binding.bind_ortvalue_input(name, past)
@@ -469,7 +483,14 @@ class BoundKVCache(OrtKVCache):
         hundreds of MB at a 150k vocabulary), only the KV is kept."""
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size:
-            self._run(arr, self._device)
+            self._run(arr, self._device, keep=1)
+
+    def forward_last(self, ids: Sequence[int]) -> np.ndarray:
+        arr = _check_ids(ids, self._lm.spec, self._length)
+        if arr.size == 0:
+            return np.zeros((self._lm.spec.vocab_size,), dtype=np.float32)
+        row = self._run(arr, "cpu", keep=1).numpy()[0, -1]  # [vocab]
+        return row if row.dtype == np.float32 else row.astype(np.float32)
 
     def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
         arr = _check_ids(ids, self._lm.spec, self._length)

@@ -18,6 +18,7 @@ from specls.models.fim import FimTemplate
 SPEC_FILE = "specls.json"
 FORMAT_VERSION = 1
 KV_LAYOUT = "batch,kv_heads,seq,head_dim"
+LOGITS_TO_KEEP = "logits_to_keep"  # optional graph input: logits only for the last k new positions
 DTYPES = ("fp32", "fp16")
 
 
@@ -30,9 +31,11 @@ class ModelSpec:
     """An exported causal LM: architecture numbers, file names, graph I/O names, tokenizer facts.
 
     Graph contract: inputs ``input_ids`` [batch, new] int64, ``attention_mask`` [batch, total] int64,
-    ``position_ids`` [batch, new] int64 (when listed in ``input_names``), and per layer
+    ``position_ids`` [batch, new] int64 (when listed in ``input_names``), ``logits_to_keep`` [1] int64
+    (when listed: logits only for the last that many new positions), and per layer
     ``past_key_names[i]`` / ``past_value_names[i]`` [batch, kv_heads, past, head_dim]; outputs
-    ``logits_name`` [batch, new, vocab] and ``present_*_names[i]`` [batch, kv_heads, past+new, head_dim].
+    ``logits_name`` [batch, new (or kept), vocab] and ``present_*_names[i]`` [batch, kv_heads, past+new,
+    head_dim].
     """
 
     model_type: str
@@ -66,6 +69,11 @@ class ModelSpec:
     @property
     def uses_position_ids(self) -> bool:
         return "position_ids" in self.input_names
+
+    @property
+    def keeps_logits(self) -> bool:
+        """The graph takes ``logits_to_keep``: a prefill can skip the vocabulary projection."""
+        return LOGITS_TO_KEEP in self.input_names
 
     @property
     def graph_inputs(self) -> tuple[str, ...]:
@@ -172,7 +180,7 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
     for required in ("input_ids", "attention_mask"):
         if required not in input_names:
             raise _err(path, f"field 'input_names' lacks {required!r}")
-    unknown = set(input_names) - {"input_ids", "attention_mask", "position_ids"}
+    unknown = set(input_names) - {"input_ids", "attention_mask", "position_ids", LOGITS_TO_KEEP}
     if unknown:
         raise _err(path, f"field 'input_names' has unknown inputs {sorted(unknown)}")
     eos = d.get("eos_token_ids")
@@ -297,6 +305,10 @@ def check_graph_io(
     kv_type = _ORT_TYPES[spec.dtype]
     for name in spec.input_names:
         io = in_by_name[name]
+        if name == LOGITS_TO_KEEP:
+            if io.type != "tensor(int64)" or len(io.shape) != 1:
+                raise _err(onnx_path, f"input {name!r} must be int64 [1], graph has {io.type} {io.shape}")
+            continue
         if io.type != "tensor(int64)" or len(io.shape) != 2:
             raise _err(
                 onnx_path, f"input {name!r} must be int64 [batch, seq], graph has {io.type} {io.shape}"

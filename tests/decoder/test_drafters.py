@@ -152,3 +152,31 @@ def test_lookup_continues_a_repeating_pattern_past_the_end_of_the_sequence() -> 
     index = NgramIndex()
     index.update("d", [4, 5, 6])  # a document match is not extended past the document's end
     assert PromptLookupDrafter(index).propose([0, 4, 5], 4) == [6]
+
+
+def test_draft_model_catch_up_asks_for_the_last_row_only() -> None:
+    """A cache with ``forward_last`` serves the multi-token catch-up (one row of logits, not n); the
+    proposals are the same as with plain ``forward``."""
+    from collections.abc import Sequence
+
+    from specls.decoder.testing import FakeCache
+
+    class LastRowCache(FakeCache):
+        def __init__(self, model: FakeLM) -> None:
+            super().__init__(model)
+            self.last_calls: list[int] = []
+
+        def forward_last(self, ids: Sequence[int]) -> np.ndarray:
+            self.last_calls.append(len(ids))
+            return self.forward(ids)[-1]
+
+    class LastRowLM(FakeLM):
+        def new_cache(self) -> LastRowCache:
+            return LastRowCache(self)
+
+    lm = LastRowLM(LM.config, LM.tables)
+    drafter = DraftModelDrafter(lm)
+    ctx = [3, 4, 5, 6, 7, 8]
+    assert drafter.propose(ctx, 4) == LM.greedy(ctx, 4)
+    cache = drafter._cache
+    assert isinstance(cache, LastRowCache) and cache.last_calls == [len(ctx)]  # Not the 1-token steps

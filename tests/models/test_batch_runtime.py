@@ -206,11 +206,18 @@ def test_corrupt_batch_graph_is_a_clear_error_and_the_engine_serves_unbatched(
 
 
 def test_append_keeps_kv_and_drops_logits(plain_dir: Path) -> None:
-    """``append`` (a prefill) leaves exactly the KV ``forward`` would, on host and device caches."""
+    """``append`` (a prefill) leaves exactly the KV ``forward`` would, on host and device caches;
+    ``forward_last`` is the last row of ``forward``. The export gave the graph ``logits_to_keep``."""
     lm = OnnxCausalLM(plain_dir)
+    assert lm.spec.keeps_logits
     for make in (lm.new_cache, lambda: BoundKVCache(lm, "cpu")):
         a, b = make(), make()
         a.append([3, 4, 5, 6])
         b.forward([3, 4, 5, 6])
         assert a.length == b.length == 4
         assert np.array_equal(a.forward([7]), b.forward([7]))
+        c = make()
+        last = c.forward_last([3, 4, 5, 6, 7])  # one row, computed alone (logits_to_keep = 1)
+        assert last.shape == (lm.vocab_size,)
+        d = make()
+        assert np.abs(d.forward([3, 4, 5, 6, 7])[-1] - last).max() < 1e-5  # the last row of a full pass

@@ -34,6 +34,7 @@ def _feed(batch: int, past: int, new: int, dtype: type = np.float32) -> dict[str
         "input_ids": np.zeros((batch, new), np.int64),
         "attention_mask": np.ones((batch, past + new), np.int64),
         "position_ids": np.tile(np.arange(past, past + new), (batch, 1)),
+        "logits_to_keep": np.array([new], np.int64),  # all of them
     }
     for i in range(2):
         for kv in ("key", "value"):
@@ -67,10 +68,14 @@ def test_export_graph_io_fused(exported: dict[str, Path]) -> None:
     assert ins["attention_mask"] == [1, "total"]
     assert ins["position_ids"] == [1, "new"]
     assert ins["past_key_values.1.value"] == [1, 2, "past", 8]
-    assert outs["logits"] == [1, "new", 300]
+    assert ins["logits_to_keep"] == [1]
+    assert outs["logits"] == [1, "kept", 300]  # the last logits_to_keep positions
     assert outs["present.0.key"] == [1, 2, "past_plus_new", 8]
     res = sess.run(None, _feed(1, 4, 2))
     assert res[0].shape == (1, 2, 300) and res[1].shape == (1, 2, 6, 8)
+    last = sess.run(None, {**_feed(1, 4, 2), "logits_to_keep": np.array([1], np.int64)})
+    assert last[0].shape == (1, 1, 300) and np.array_equal(last[0][0, 0], res[0][0, 1])  # Not row 0
+    assert all(np.array_equal(x, y) for x, y in zip(last[1:], res[1:], strict=True))  # same KV
 
 
 @pytest.fixture(scope="module")

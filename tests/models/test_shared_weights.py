@@ -50,6 +50,8 @@ def _run_steps(sess: Any, spec: ModelSpec, seqs: np.ndarray) -> list[list[np.nda
             "position_ids": np.tile(np.arange(start, start + n, dtype=np.int64), (batch, 1)),
             **dict(zip(past_names, past, strict=True)),
         }
+        if spec.keeps_logits:
+            feed["logits_to_keep"] = np.array([n], np.int64)  # all positions
         out = [np.asarray(o) for o in sess.run(None, feed)]
         outs.append(out)
         past = out[1:]

@@ -97,6 +97,18 @@ def test_spec_bad_field(tmp_path: Path, field: str, value: object, needle: str) 
     assert SPEC_FILE in str(ei.value) and needle in str(ei.value)
 
 
+def test_spec_logits_to_keep_input() -> None:
+    spec = make_spec(input_names=("input_ids", "attention_mask", "position_ids", "logits_to_keep"))
+    assert spec.keeps_logits and not make_spec().keeps_logits
+    ins, outs = _io(make_spec())
+    keep = GraphIO("logits_to_keep", "tensor(int64)", (1,))
+    check_graph_io(spec, Path("m.onnx"), [*ins, keep], outs)
+    with pytest.raises(ModelLoadError, match="logits_to_keep"):  # Not a [batch, seq] input
+        check_graph_io(spec, Path("m.onnx"), [*ins, GraphIO("logits_to_keep", "tensor(int64)", (1, 1))], outs)
+    with pytest.raises(ModelLoadError, match="does not name"):  # in the graph but not in specls.json
+        check_graph_io(make_spec(), Path("m.onnx"), [*ins, keep], outs)
+
+
 def test_spec_batch_graph(tmp_path: Path) -> None:
     spec = make_spec(batch_onnx_file="model.batch.onnx")
     d = write_dir(tmp_path, spec)
