@@ -10,7 +10,7 @@ import pytest
 from specls.decoder.api import DecodeSettings, Drafter, KVCache
 from specls.decoder.batching import BatchSettings, PassBatcher
 from specls.decoder.loop import generate
-from specls.decoder.testing import FakeLM, FakeLMConfig, ScriptedDrafter
+from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig, ScriptedDrafter
 
 TARGET = FakeLM(FakeLMConfig(vocab=64, window=3, seed=7))
 N = 24
@@ -211,26 +211,14 @@ def test_bad_settings(settings: BatchSettings) -> None:
 
 
 def test_release_compacts_the_inner_cache_when_it_can() -> None:
-    class Compacting:
-        def __init__(self) -> None:
-            self.inner = TARGET.new_cache()
-            self.compacted = 0
-
-        @property
-        def length(self) -> int:
-            return self.inner.length
-
-        def forward(self, ids: Sequence[int]) -> np.ndarray:
-            return self.inner.forward(ids)
-
-        def truncate(self, n: int) -> None:
-            self.inner.truncate(n)
+    class Compacting(FakeCache):
+        compacted = 0
 
         def compact(self) -> None:
             self.compacted += 1
 
     batcher = PassBatcher(RecordingBatch())
-    c = Compacting()
+    c = Compacting(TARGET)
     wrapped = batcher.wrap(c)
     wrapped.forward([1, 2])
     wrapped.release()
@@ -239,27 +227,17 @@ def test_release_compacts_the_inner_cache_when_it_can() -> None:
 
 
 def test_append_long_prefill_runs_alone_short_one_through_the_batcher() -> None:
-    class Appending:
-        def __init__(self) -> None:
-            self.inner = TARGET.new_cache()
+    class Appending(FakeCache):
+        def __init__(self, model: FakeLM) -> None:
+            super().__init__(model)
             self.appended: list[int] = []
-
-        @property
-        def length(self) -> int:
-            return self.inner.length
-
-        def forward(self, ids: Sequence[int]) -> np.ndarray:
-            return self.inner.forward(ids)
-
-        def truncate(self, n: int) -> None:
-            self.inner.truncate(n)
 
         def append(self, ids: Sequence[int]) -> None:
             self.appended.append(len(ids))
-            self.inner.forward(ids)
+            self.forward(ids)
 
     batcher = PassBatcher(RecordingBatch(), BatchSettings(max_batch=4, max_tokens=4))
-    c = Appending()
+    c = Appending(TARGET)
     wrapped = batcher.wrap(c)
     wrapped.append(list(range(10)))  # long: the inner cache's own append, no waiting
     wrapped.append([1, 2])  # short: a pass like any other (joined when others wait)
