@@ -130,6 +130,10 @@ class DraftModelDrafter:
         self._cache = None
         self._tokens = []
 
+    def behind(self, context: Sequence[int]) -> int:
+        """Context tokens a proposal would feed before drafting (its catch-up)."""
+        return len(context) - min(common_prefix_len(self._tokens, context), len(context) - 1)
+
     def _sampling(self) -> bool:
         return self._decode.temperature > 0.0 and self.settings.draft_sample
 

@@ -1,0 +1,208 @@
+"""A drafter that plans every pass with the drafting policy (``specls.decoder.policy``).
+
+``PlannedDrafter`` holds prompt lookup and the draft model and, before each pass, asks ``plan_pass``
+for lookup tokens (free to propose) and draft-model tokens (each a draft pass) so that the estimated
+speedup over plain decoding is the best available, and never below 1: lookup alone, the model alone,
+lookup extended by the model, or nothing. The draft model is touched only when the plan uses it, so a
+request whose plan never wants it pays no catch-up (lazy start); its KV keeps its prefix across
+requests (``DraftModelDrafter`` syncs by common prefix).
+
+``PolicyState`` is what the policy learns for one model pair, across requests: the pair's pass costs
+(``calibrate``), acceptance by position for each drafter, the usual completion length, and counts of
+the choices made (for ``--stats``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from specls.decoder.api import CausalLM, DecodeSettings
+from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PolicyState:
+    """What the policy knows about one model pair; shared by that pair's requests (thread-safe)."""
+
+    costs: PassCosts = field(default_factory=PassCosts)
+    # Priors: lookup matches that long are usually right at first and fade; a same-family draft model
+    # agrees with its target on about 6 tokens in 10. Four requests' worth of passes outweigh them.
+    lookup: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.7, 0.6, 0.5)))
+    model: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.6,)))
+    length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
+    choices: Counter[str] = field(default_factory=Counter)  # passes by plan: plain/lookup/model/lookup+model
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def finish(self, generated: int) -> None:
+        with self.lock:
+            self.length = 0.8 * self.length + 0.2 * float(generated)
+
+    def snapshot(self) -> dict[str, object]:
+        with self.lock:
+            return {
+                "choices": dict(self.choices),
+                "lookup_accept": [round(x, 3) for x in self.lookup.rates(4)],
+                "model_accept": [round(x, 3) for x in self.model.rates(4)],
+                "mean_length": round(self.length, 1),
+                "verify_cost": [round(x, 3) for x in self.costs.verify],
+                "draft_step_cost": round(self.costs.step, 3),
+                "draft_catchup_cost": round(self.costs.catchup, 4),
+            }
+
+
+def _plan_name(plan: Plan) -> str:
+    parts = [name for name, n in (("lookup", plan.lookup), ("model", plan.model)) if n > 0]
+    return "+".join(parts) or "plain"
+
+
+class PlannedDrafter:
+    """Lookup and/or draft model, chosen per pass by ``plan_pass``. ``k`` from the loop is the cap."""
+
+    name = "policy"
+
+    def __init__(
+        self, lookup: PromptLookupDrafter | None, model: DraftModelDrafter | None, state: PolicyState
+    ) -> None:
+        self.lookup = lookup
+        self.model = model
+        self.state = state
+        self._max_new = DecodeSettings().max_new_tokens
+        self._start: int | None = None  # context length at the first proposal: the prompt
+        self._generated = 0
+        self._sources: list[str] = []
+        self._q: np.ndarray | None = None
+
+    def begin(self, settings: DecodeSettings) -> None:
+        self._max_new = settings.max_new_tokens
+        self._start = None
+        self._generated = 0
+        if self.model is not None:  # lookup keeps no per-request state
+            self.model.begin(settings)
+
+    def end(self) -> None:
+        """The request is over: its length teaches the policy what "remaining" usually is."""
+        if self._start is not None:
+            self.state.finish(self._generated)
+            self._start = None
+
+    def _remaining(self, context: Sequence[int]) -> int:
+        """Tokens this request is still expected to produce: a completion that ran g tokens is guessed to
+        run at least as long again (its length is open-ended), and at least the usual length."""
+        if self._start is None:
+            self._start = len(context)
+        self._generated = len(context) - self._start
+        expected = max(self.state.length, 2.0 * self._generated)
+        return max(1, min(self._max_new - self._generated, round(expected) - self._generated))
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        self._sources, self._q = [], None
+        if k <= 0 or not context:
+            return []
+        remaining = self._remaining(context)
+        match = self.lookup.match(context, k) if self.lookup is not None else None
+        offered = len(match.tokens[:k]) if match is not None else 0
+        with self.state.lock:
+            plan = plan_pass(
+                offered,
+                self.state.lookup.rates(k),
+                self.state.model.rates(k) if self.model is not None else None,
+                self.state.costs,
+                g_max=k,
+                remaining=remaining + 1,  # plan_pass keeps one token for the target's own
+                model_behind=self.model.behind(context) if self.model is not None else 0,
+            )
+            self.state.choices[_plan_name(plan)] += 1
+        tokens = list(match.tokens[: plan.lookup]) if match is not None else []
+        model_q: np.ndarray | None = None
+        if plan.model > 0 and self.model is not None:
+            tokens += self.model.propose([*context, *tokens], plan.model)
+            model_q = self.model.proposal_probs()
+        n_lookup = plan.lookup
+        self._sources = [PromptLookupDrafter.name] * n_lookup + [DraftModelDrafter.name] * (
+            len(tokens) - n_lookup
+        )
+        self._q = point_masses_then(tokens, n_lookup, model_q)
+        return tokens
+
+    def observe(self, n_accepted: int) -> None:
+        n_lookup = self._sources.count(PromptLookupDrafter.name)
+        n_model = len(self._sources) - n_lookup
+        with self.state.lock:
+            if n_lookup:
+                self.state.lookup.observe(n_lookup, min(n_accepted, n_lookup))
+            if n_model and n_accepted >= n_lookup:  # the model's tokens were reached
+                self.state.model.observe(n_model, n_accepted - n_lookup)
+        if self.model is not None and n_model:
+            self.model.observe(max(0, n_accepted - n_lookup))
+
+    def proposal_probs(self) -> np.ndarray | None:
+        return self._q
+
+    def proposal_sources(self) -> Sequence[str]:
+        return list(self._sources)
+
+
+def point_masses_then(tokens: Sequence[int], n_point: int, model_q: np.ndarray | None) -> np.ndarray | None:
+    """q: [len(tokens), vocab] for a proposal whose first ``n_point`` tokens are point masses (lookup)
+    and whose rest were sampled from ``model_q`` ([>= rest, vocab]); None when there is no model part."""
+    n_model = len(tokens) - n_point
+    if model_q is None or n_model <= 0:
+        return None
+    q = np.zeros((len(tokens), model_q.shape[-1]), dtype=model_q.dtype)
+    q[np.arange(n_point), list(tokens[:n_point])] = 1.0
+    q[n_point:] = model_q[:n_model]
+    return q
+
+
+Clock = Callable[[], float]
+
+
+def calibrate(
+    target: CausalLM,
+    draft: CausalLM | None,
+    clock: Clock,
+    prefix: int = 64,
+    points: Sequence[int] = (1, 2, 4, 8),
+) -> PassCosts:
+    """Measure a pair's pass costs: a target pass over g+1 tokens for g in ``points`` (interpolated
+    between them) and a one-token draft pass, both relative to a one-token target pass after a
+    ``prefix``-token context, and the draft's catch-up cost per prompt token. Median of 3 runs each.
+
+    Costs a few target passes at load (about 2 s for a 1.5B int4 target on 2 CPU cores)."""
+    vocab = target.vocab_size
+    ids = [(7 * i + 3) % vocab for i in range(prefix + max(points) + 1)]
+
+    def timed(cache_of: CausalLM, n: int, feed_prefix: bool = True) -> float:
+        cache = cache_of.new_cache()
+        if feed_prefix:
+            cache.forward(ids[:prefix])
+        runs = []
+        for _ in range(3):
+            base = cache.length
+            t0 = clock()
+            cache.forward(ids[base : base + n] if feed_prefix else ids[:n])
+            runs.append(clock() - t0)
+            cache.truncate(base)
+        return float(np.median(runs))
+
+    one = max(timed(target, 1), 1e-9)
+    measured = {0: 1.0, **{g: timed(target, g + 1) / one for g in points}}
+    xs = sorted(measured)
+    verify = tuple(float(np.interp(g, xs, [measured[x] for x in xs])) for g in range(max(points) + 1))
+    if draft is None:
+        return PassCosts(verify=verify, step=0.0, catchup=0.0)
+    step = timed(draft, 1) / one
+    catchup = timed(draft, prefix, feed_prefix=False) / prefix / one
+    costs = PassCosts(verify=verify, step=step, catchup=catchup)
+    log.info(
+        "drafting policy costs: verify %s, draft step %.3f, catch-up %.4f per token", verify, step, catchup
+    )
+    return costs

@@ -1,0 +1,126 @@
+"""The planned drafter: exact output whatever the plan, lazy draft model, calibration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from specls.decoder.api import DecodeSettings, Drafter
+from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.loop import generate
+from specls.decoder.ngram import NgramIndex
+from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate, point_masses_then
+from specls.decoder.policy import AcceptanceByPosition, PassCosts
+from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
+
+TARGET = FakeLM(FakeLMConfig(vocab=48, window=2, seed=11))
+GOOD_DRAFT = FakeLM.perturbed(TARGET, noise=0.05, seed=3)
+BAD_DRAFT = FakeLM(FakeLMConfig(vocab=48, window=2, seed=99))
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 1, 2, 3]
+CHEAP = PassCosts(verify=(1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16), step=0.05, catchup=0.001)
+DEAR = PassCosts(verify=(1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8), step=0.6, catchup=0.05)
+SETTINGS = DecodeSettings(max_new_tokens=40, gamma=8, gamma_max=8, adaptive_gamma=False, min_speedup=0.0)
+
+
+def _drafter(draft: FakeLM | None, costs: PassCosts, **state: object) -> tuple[PlannedDrafter, PolicyState]:
+    index = NgramIndex()
+    index.update("other.py", TARGET.greedy(PROMPT, 12))  # a buffer holding the start of the answer
+    st = PolicyState(costs=costs, **state)  # type: ignore[arg-type]
+    model = DraftModelDrafter(draft) if draft is not None else None
+    return PlannedDrafter(PromptLookupDrafter(index), model, st), st
+
+
+def test_planned_drafter_implements_the_protocol() -> None:
+    assert isinstance(_drafter(GOOD_DRAFT, CHEAP)[0], Drafter)
+
+
+@pytest.mark.parametrize("draft", [GOOD_DRAFT, BAD_DRAFT, None])
+@pytest.mark.parametrize("costs", [CHEAP, DEAR])
+def test_output_equals_plain_greedy_whatever_the_plan(draft: FakeLM | None, costs: PassCosts) -> None:
+    drafter, state = _drafter(draft, costs)
+    want = TARGET.greedy(PROMPT, SETTINGS.max_new_tokens)
+    for _ in range(3):  # the state learns across requests; output never changes
+        result = generate(TARGET.new_cache(), PROMPT, drafter, SETTINGS, frozenset())
+        drafter.end()
+        assert result.tokens == want
+    assert sum(state.choices.values()) > 0
+
+
+def test_a_cheap_good_draft_model_is_used_and_saves_passes() -> None:
+    drafter, state = _drafter(GOOD_DRAFT, CHEAP, length=40.0)
+    result = generate(TARGET.new_cache(), PROMPT, drafter, SETTINGS, frozenset())
+    assert state.choices["model"] + state.choices["lookup+model"] > 0
+    assert result.target_passes < SETTINGS.max_new_tokens // 2  # Not 40: plain decoding
+
+
+def test_an_expensive_weak_draft_model_is_never_started() -> None:
+    weak = AcceptanceByPosition(prior=(0.1,), prior_weight=100.0)  # learned: it is seldom right
+    drafter, state = _drafter(BAD_DRAFT, DEAR, model=weak)
+    assert drafter.model is not None
+    generate(TARGET.new_cache(), PROMPT, drafter, SETTINGS, frozenset())
+    assert drafter.model.forward_tokens == 0  # lazy: no catch-up, no step. Not len(PROMPT) + ...
+    assert state.choices["model"] == 0 and state.choices["lookup+model"] == 0
+
+
+def test_a_short_completion_does_not_pay_for_the_catch_up() -> None:
+    long_prompt = PROMPT * 30  # a draft model behind by ~390 tokens
+    costs = PassCosts(verify=CHEAP.verify, step=0.1, catchup=0.02)
+    drafter, state = _drafter(GOOD_DRAFT, costs, length=3.0)  # completions here are ~3 tokens
+    assert drafter.model is not None
+    generate(TARGET.new_cache(), long_prompt, drafter, DecodeSettings(max_new_tokens=3, gamma=8), frozenset())
+    assert drafter.model.forward_tokens == 0  # catching up on 390 tokens to save < 3 passes: no
+    drafter, _ = _drafter(GOOD_DRAFT, costs, length=64.0)  # the same pair on long completions
+    assert drafter.model is not None
+    generate(
+        TARGET.new_cache(), long_prompt, drafter, DecodeSettings(max_new_tokens=64, gamma=8), frozenset()
+    )
+    assert drafter.model.forward_tokens > 0
+
+
+def test_sampling_q_rows_cover_the_proposal() -> None:
+    q_model = np.full((2, 4), 0.25)
+    q = point_masses_then([3, 1, 2, 0], 2, q_model)
+    assert q is not None and q.shape == (4, 4)
+    assert q[0, 3] == 1.0 and q[1, 1] == 1.0 and q[0].sum() == 1.0  # lookup rows: point masses
+    assert np.allclose(q[2:], 0.25)
+    assert point_masses_then([3, 1], 2, None) is None  # all lookup: a point mass. Not zeros
+
+
+class _Clocked:
+    """A FakeLM whose passes advance a fake clock by fixed + per_token * n."""
+
+    def __init__(self, lm: FakeLM, clock: list[float], fixed: float, per_token: float) -> None:
+        self.lm, self.clock, self.fixed, self.per_token = lm, clock, fixed, per_token
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.vocab_size
+
+    def new_cache(self) -> _ClockedCache:
+        return _ClockedCache(self)
+
+
+class _ClockedCache(FakeCache):
+    def __init__(self, owner: _Clocked) -> None:
+        super().__init__(owner.lm)
+        self.owner = owner
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        self.owner.clock[0] += self.owner.fixed + self.owner.per_token * len(ids)
+        return super().forward(ids)
+
+
+def test_calibrate_recovers_the_cost_model() -> None:
+    clock = [0.0]
+    target = _Clocked(TARGET, clock, fixed=0.10, per_token=0.01)
+    draft = _Clocked(GOOD_DRAFT, clock, fixed=0.03, per_token=0.001)
+    costs = calibrate(target, draft, lambda: clock[0], prefix=32)
+    one = 0.11
+    assert costs.verify[0] == 1.0
+    assert costs.verify[4] == pytest.approx((0.10 + 0.05) / one)  # measured at g = 4
+    assert costs.verify[3] == pytest.approx((0.10 + 0.04) / one)  # interpolated between 2 and 4
+    assert costs.step == pytest.approx(0.031 / one)
+    assert costs.catchup == pytest.approx((0.03 + 0.032) / 32 / one)
+    alone = calibrate(target, None, lambda: clock[0], prefix=8)
+    assert alone.step == 0.0 and len(alone.verify) == 9
