@@ -241,7 +241,7 @@ class Framer:
                     return self._bad_block(f"bad Content-Length {shown!r} ({len(value)} characters)")
                 length = int(value)
                 if self._length >= 0:
-                    self._warn(
+                    self.warn(
                         "two Content-Length headers (%d, then %d): the last one counts", self._length, length
                     )
                 self._length = length
@@ -252,7 +252,7 @@ class Framer:
 
     def _bad_block(self, why: str) -> bool:
         """Drop the Content-Length token that began this block and look for the next one."""
-        self._warn("skipped a header (%s): %r", why, bytes(self._buf[:80]))
+        self.warn("skipped a header (%s): %r", why, bytes(self._buf[:80]))
         self.dropped += len(_TOKEN)
         del self._buf[: len(_TOKEN)]
         self._to(_SEEK)
@@ -268,7 +268,7 @@ class Framer:
             self.scanned += avail - start
             self._scan = avail
             if m is not None:  # the declared length runs into the next message
-                self._warn("Content-Length %d ran into the next message; resynchronised", self._length)
+                self.warn("Content-Length %d ran into the next message; resynchronised", self._length)
                 return self._emit(m.start())
         if len(buf) < end:
             return None
@@ -276,7 +276,7 @@ class Framer:
         t = _TAIL.search(buf, lo, end)
         self.scanned += end - lo
         if t is not None:  # the declared length ends inside the next message's header
-            self._warn("Content-Length %d ended inside the next header; resynchronised", self._length)
+            self.warn("Content-Length %d ended inside the next header; resynchronised", self._length)
             return self._emit(t.start())
         return self._emit(end)
 
@@ -308,7 +308,7 @@ class Framer:
         m = _NESTED.search(buf, start, avail) if avail > start else None
         self.scanned += max(0, avail - start)
         if m is not None:
-            self._warn("Content-Length %d ran into the next message; resynchronised", self._length)
+            self.warn("Content-Length %d ran into the next message; resynchronised", self._length)
             self.resynced += 1
             return self._end_discard(m.start())
         if avail == self._left:  # all of it arrived
@@ -343,7 +343,7 @@ class Framer:
         self._reported = True
         refused = Refused(self._length, self.max_body, sniff_id(bytes(self._sniff)))
         self._sniff = bytearray()
-        logger.warning(
+        self.warn(
             "refused a message of %d bytes (the maximum is %d)%s; its bytes are discarded",
             refused.declared,
             refused.limit,
@@ -360,16 +360,17 @@ class Framer:
         self.scanned += m.start() + 1 if m is not None else n
         if m is not None:
             self.dropped += n
-            self._warn("skipped %d bytes (%s): %r", n, why, bytes(self._buf[: min(n, 80)]))
+            self.warn("skipped %d bytes (%s): %r", n, why, bytes(self._buf[: min(n, 80)]))
         del self._buf[:n]
 
-    def _warn(self, message: str, *args: object) -> None:
-        """Log a framing problem: a broken or hostile client must not flood the log."""
+    def warn(self, message: str, *args: object) -> None:
+        """Log a problem with this stream's input: the first few at WARNING, the rest at DEBUG (a broken
+        or hostile client must not flood the log)."""
         self._warnings += 1
         if self._warnings <= _LOUD_WARNINGS:
             logger.warning(message, *args)
             if self._warnings == _LOUD_WARNINGS:
-                logger.warning("further framing problems on this connection are logged at DEBUG level")
+                logger.warning("further problems with this connection's input are logged at DEBUG level")
         else:
             logger.debug(message, *args)
 
@@ -569,12 +570,12 @@ class Connection:
         try:
             raw = json.loads(body)
         except Exception as exc:  # bad JSON, bad UTF-8, absurd nesting (RecursionError), a 5,000-digit number
-            logger.warning("malformed JSON message: %s", str(exc)[:200])
+            self.framer.warn("malformed JSON message: %s", str(exc)[:200])
             self.error(None, _PARSE_ERROR, "Parse error: the message is not valid JSON")
             return
         problem = check_message(raw)
         if problem is not None:
-            logger.warning("invalid message: %s", problem.message)
+            self.framer.warn("invalid message: %s", problem.message)
             self.error(problem.msg_id, problem.code, problem.message)
             return
         assert isinstance(raw, dict)
@@ -585,7 +586,9 @@ class Connection:
         if "id" in raw and isinstance(method, str) and is_notification(method):
             # applied as the notification it is (dropping it would lose an edit), the id told so
             msg_id = raw.pop("id")
-            logger.warning("notification %r sent with id %r: applied, answered with an error", method, msg_id)
+            self.framer.warn(
+                "notification %r sent with id %r: applied, answered with an error", method, msg_id
+            )
             self.error(
                 msg_id, _INVALID_REQUEST, f"{method!r} is a notification and takes no id; it was applied"
             )
@@ -594,7 +597,7 @@ class Connection:
         try:
             message = protocol.structure_message(raw)
         except Exception as exc:
-            logger.warning("invalid message %r: %s", method, exc)
+            self.framer.warn("invalid message %r: %s", method, exc)
             if "id" in raw and "method" in raw:
                 self.error(raw["id"], _INVALID_PARAMS, f"Invalid params for {method!r}")
             return

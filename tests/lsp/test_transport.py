@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import logging
 import sys
 
 import pytest
@@ -307,3 +308,17 @@ def test_scrub_frame_rewrites_error_responses_only():
         {"jsonrpc": "2.0", "method": "window/logMessage", "params": {"type": 1, "message": "error"}},
     ):
         assert scrub_frame(encode(msg)) == encode(msg)
+
+
+def test_a_stream_of_bad_frames_does_not_flood_the_log(caplog):
+    # before: one WARNING per bad frame (a buggy client wrote millions of log lines)
+    framer = Framer()
+    with caplog.at_level(logging.DEBUG, logger="specls.lsp.transport"):
+        for _ in range(500):
+            framer.feed(b"Content-Length: x\r\n\r\n{}junk")
+            assert list(framer.messages()) == []
+        framer.feed(frame(B))
+        assert [json.loads(b) for b in framer.messages()] == [B]
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert 0 < len(loud) <= 21
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) >= 500  # still there at DEBUG
