@@ -123,6 +123,10 @@ def load_gguf_tokenizer(path: Path) -> Any:
             f"{path}: transformers cannot build a tokenizer from the GGUF metadata (tokenizer "
             f"{info.tokenizer_model!r}; {type(exc).__name__}: {exc})"
         ) from None
+    # tokenizer.json is used as is at serve time: a length limit carried over from transformers'
+    # model_max_length would cut long documents silently
+    backend.no_truncation()
+    backend.no_padding()
     return backend
 
 

@@ -91,6 +91,8 @@ def test_gguf_export_spec_tokenizer_and_verify(
     assert tok.encode(text) == ggufs[arch].tokenizer.encode(text, add_special_tokens=False).ids
     assert tok.decode(tok.encode(text)) == text
     assert set(tok.special_tokens) == set(ggufs[arch].specials)
+    saved = json.loads((d / "tokenizer.json").read_text())
+    assert saved["truncation"] is None and saved["padding"] is None  # long documents are not cut
     report = read_report(d)
     assert report["source"].endswith((".gguf", arch))
     diffs = report["verify"]["max_abs_diff"]
