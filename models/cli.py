@@ -12,11 +12,14 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "export",
-        help="export a Hugging Face causal LM to an ONNX model dir for specls",
-        description="Export a hub id or local checkpoint dir (config + safetensors + tokenizer.json) to "
-        "DIR/model.onnx + tokenizer.json + specls.json, then verify ONNX Runtime against torch.",
+        help="export a Hugging Face causal LM or a GGUF file to an ONNX model dir for specls",
+        description="Export a hub id, a local checkpoint dir (config + safetensors + tokenizer.json) or a "
+        "GGUF file (dequantized; config and tokenizer from its metadata) to DIR/model.onnx + "
+        "tokenizer.json + specls.json, then verify ONNX Runtime against torch.",
     )
-    p.add_argument("model", help="Hugging Face hub id or local checkpoint directory")
+    p.add_argument(
+        "model", help="Hugging Face hub id, local checkpoint directory, FILE.gguf, or a directory holding one"
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
     p.add_argument("--opset", type=int, default=18)
@@ -29,7 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="fuse into ONNX Runtime ops for a provider (auto: cpu for fp32, cuda for fp16; none: plain graph)",
     )
-    p.add_argument("--fim-family", default=None, help="FIM template preset (default: detect from the vocab)")
+    p.add_argument(
+        "--fim-family",
+        default=None,
+        help="FIM template preset (qwen2.5-coder, starcoder, deepseek-coder, codellama, bundled), or none "
+        "for prefix-only prompts (default: detect from the vocab; a model without FIM tokens gets "
+        "prefix-only prompts)",
+    )
     p.add_argument(
         "--share-weights",
         action="store_true",

@@ -1,5 +1,5 @@
-"""Export a Hugging Face causal LM (hub id or local checkpoint dir) to an ONNX graph with KV cache in/out,
-plus ``tokenizer.json`` and ``specls.json``, then verify ONNX Runtime against torch.
+"""Export a Hugging Face causal LM (hub id, local checkpoint dir, or a GGUF file) to an ONNX graph with KV
+cache in/out, plus ``tokenizer.json`` and ``specls.json``, then verify ONNX Runtime against torch.
 
 Graph (see ``ModelSpec``): input_ids [batch, new], attention_mask [batch, total], position_ids
 [batch, new], past_key_values.{i}.key/value [batch, kv_heads, past, head_dim] -> logits
@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from specls.decoder.api import EngineError
-from specls.models.fim import PRESETS, FimTemplate, detect_template
+from specls.models.fim import NO_FIM, PRESETS, FimTemplate, detect_template, fit_template
+from specls.models.gguf import GgufError, find_gguf, load_gguf_model, load_gguf_tokenizer
 from specls.models.spec import LOGITS_TO_KEEP, SPEC_FILE, ModelSpec, kv_names
 from specls.models.tokenizer import Tokenizer
 
@@ -57,7 +58,7 @@ class ExportOptions:
     # the same for fp16 graphs (against the fp32 torch model), scaled by max(1, max |logit| / 10)
     fp16_tolerance: float = 0.5
     trust_remote_code: bool = False
-    fim_family: str | None = None  # None = detect from the tokenizer's vocab
+    fim_family: str | None = None  # None = detect from the tokenizer's vocab; "none" = prefix-only
     attn_implementation: str = "sdpa"  # what transformers traces ("sdpa" | "eager")
     # ONNX Runtime op fusions through transformers' own exporter (GroupQueryAttention, RotaryEmbedding,
     # SkipSimplifiedLayerNormalization; batch fixed to 1): "auto" = "cpu" for fp32, "cuda" for fp16;
@@ -89,24 +90,72 @@ def _noop(msg: str, frac: float) -> None:
     pass
 
 
-def resolve_source(source: str, trust_remote_code: bool = False) -> Path:
-    """A local checkpoint dir as is; anything else is a hub id fetched by ``snapshot_download``."""
+@dataclass(frozen=True)
+class ModelSource:
+    """Where an export reads the model: a Hugging Face checkpoint directory (config, safetensors,
+    tokenizer.json), or a GGUF file whose metadata holds the config and the tokenizer too."""
+
+    dir: Path  # the checkpoint directory, or the directory holding the GGUF file
+    gguf: Path | None = None
+
+    def __str__(self) -> str:
+        return str(self.gguf or self.dir)
+
+
+def resolve_source(source: str, trust_remote_code: bool = False) -> ModelSource:
+    """A GGUF file (or a directory holding exactly one ``*.gguf`` and no ``config.json``), a local
+    checkpoint dir as is; anything else is a hub id fetched by ``snapshot_download``."""
     p = Path(source).expanduser()
+    try:
+        gguf = find_gguf(p)
+    except GgufError as exc:
+        raise ExportError(str(exc)) from None
+    if gguf is not None:
+        return ModelSource(gguf.parent, gguf)
     if p.is_dir():
-        return p
+        return ModelSource(p)
     if p.exists() or source.startswith((".", "/", "~")) or source.count("/") > 1:
-        raise ExportError(f"{source}: not a checkpoint directory (and not a Hugging Face hub id)")
+        raise ExportError(
+            f"{source}: not a checkpoint directory or GGUF file (and not a Hugging Face hub id)"
+        )
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:
         raise ExportError(f"{source}: not a local directory, and huggingface_hub is not installed") from exc
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt"] + (["*.py"] if trust_remote_code else [])
     try:
-        return Path(snapshot_download(source, allow_patterns=patterns))
+        return ModelSource(Path(snapshot_download(source, allow_patterns=patterns)))
     except Exception as exc:  # network errors, missing repo, gated repo ...: one clear message
         raise ExportError(
             f"{source}: could not download from the Hugging Face hub ({type(exc).__name__}: {exc})"
         ) from None
+
+
+def _load_tokenizer(src: ModelSource) -> Tokenizer:
+    """The source's tokenizer: its tokenizer.json, or the one transformers builds from GGUF metadata."""
+    if src.gguf is not None:
+        try:
+            return Tokenizer(load_gguf_tokenizer(src.gguf))
+        except GgufError as exc:
+            raise ExportError(str(exc)) from None
+    tok_src = src.dir / TOKENIZER_FILE
+    if not tok_src.is_file():
+        raise ExportError(f"{tok_src}: missing (a fast tokenizer.json is required next to the checkpoint)")
+    try:
+        return Tokenizer.from_file(tok_src)
+    except Exception as exc:
+        raise ExportError(f"{tok_src}: unreadable tokenizer ({exc})") from None
+
+
+def _write_tokenizer(src: ModelSource, tokenizer: Tokenizer, out_dir: Path) -> None:
+    """``out_dir/tokenizer.json``: the checkpoint's file copied byte for byte, or the GGUF's saved."""
+    dst = out_dir / TOKENIZER_FILE
+    if src.gguf is not None:
+        tokenizer.hf.save(str(dst))
+        return
+    tok_src = src.dir / TOKENIZER_FILE
+    if not dst.exists() or not dst.samefile(tok_src):
+        shutil.copyfile(tok_src, dst)
 
 
 def export_model(
@@ -128,18 +177,12 @@ def export_model(
 
     progress("resolving source", 0.0)
     ckpt = resolve_source(source, options.trust_remote_code)
-    if options.share_weights and not (ckpt / SAFETENSORS_FILE).is_file():
+    if options.share_weights and (ckpt.gguf is not None or not (ckpt.dir / SAFETENSORS_FILE).is_file()):
         raise ExportError(
-            f"{ckpt}: share_weights needs a single {SAFETENSORS_FILE} in the checkpoint (sharded or "
-            ".bin checkpoints are not supported; export without it)"
+            f"{ckpt}: share_weights needs a single {SAFETENSORS_FILE} in the checkpoint (GGUF, sharded "
+            "or .bin checkpoints are not supported; export without it)"
         )
-    tok_src = ckpt / TOKENIZER_FILE
-    if not tok_src.is_file():
-        raise ExportError(f"{tok_src}: missing (a fast tokenizer.json is required next to the checkpoint)")
-    try:
-        tokenizer = Tokenizer.from_file(tok_src)
-    except Exception as exc:
-        raise ExportError(f"{tok_src}: unreadable tokenizer ({exc})") from None
+    tokenizer = _load_tokenizer(ckpt)
 
     progress("loading model", 0.05)
     model, config = _load_torch_model(ckpt, options)
@@ -178,14 +221,13 @@ def export_model(
             f.unlink()
         for f in Path(tmp).iterdir():
             shutil.move(str(f), out_dir / f.name)
-    if not (out_dir / TOKENIZER_FILE).exists() or not (out_dir / TOKENIZER_FILE).samefile(tok_src):
-        shutil.copyfile(tok_src, out_dir / TOKENIZER_FILE)
+    _write_tokenizer(ckpt, tokenizer, out_dir)
     graphs = [f for f in (spec.onnx_file, spec.batch_onnx_file) if f]
     shared: dict[str, Any] = {}
     if options.share_weights:
         progress("sharing the weights with model.safetensors", 0.75)
         for name in (SAFETENSORS_FILE, *HF_FILES):
-            src, dst = ckpt / name, out_dir / name
+            src, dst = ckpt.dir / name, out_dir / name
             if src.is_file() and not (dst.exists() and dst.samefile(src)):
                 shutil.copyfile(src, dst)
         for graph in graphs:
@@ -231,15 +273,21 @@ def export_model(
 
 
 def _load_torch_model(
-    ckpt: Path, options: ExportOptions, dtype: torch.dtype | None = None
+    ckpt: ModelSource, options: ExportOptions, dtype: torch.dtype | None = None
 ) -> tuple[Any, Any]:
     import torch
+
+    if ckpt.gguf is not None:
+        try:
+            return load_gguf_model(ckpt.gguf, dtype or torch.float32, options.attn_implementation)
+        except GgufError as exc:
+            raise ExportError(str(exc)) from None
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(ckpt, trust_remote_code=options.trust_remote_code)
+        config = AutoConfig.from_pretrained(ckpt.dir, trust_remote_code=options.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            ckpt,
+            ckpt.dir,
             config=config,
             dtype=dtype or torch.float32,
             trust_remote_code=options.trust_remote_code,
@@ -254,17 +302,21 @@ def _load_torch_model(
 
 
 def _pick_fim(tokenizer: Tokenizer, family: str | None) -> FimTemplate | None:
+    """The FIM template for specls.json: detected from the vocab (None), none at all (NO_FIM: the
+    engine builds prefix-only prompts), or the named preset fitted to the vocab."""
     if family is None:
         fim = detect_template(tokenizer.get_vocab())
-        log.info("FIM template: %s", fim.family if fim else "none found in the vocab")
+        log.info("FIM template: %s", fim.family if fim else "none in the vocab (prefix-only prompts)")
         return fim
+    if family == NO_FIM:
+        return None
     if family not in PRESETS:
-        raise ExportError(f"unknown FIM family {family!r} (known: {sorted(PRESETS)})")
+        raise ExportError(f"unknown FIM family {family!r} (known: {sorted(PRESETS)} or {NO_FIM!r})")
     fim = PRESETS[family]
     missing = [t for t in (fim.prefix, fim.suffix, fim.middle) if tokenizer.token_to_id(t) is None]
     if missing:
         raise ExportError(f"FIM family {family!r}: tokenizer lacks {missing}")
-    return fim
+    return fit_template(fim, tokenizer.get_vocab())
 
 
 def _text_config(config: Any) -> Any:

@@ -1,11 +1,17 @@
-"""Fill-in-the-middle prompt templates: which special tokens a model family uses, and how to lay out a
-prompt from the text before/after the cursor (plus other files as context)."""
+"""Fill-in-the-middle prompt templates: which special tokens a model family uses, how to find the
+family from a vocabulary, how to lay out a prompt from the text before/after the cursor (plus other
+files as context), and the prompt facts of a loaded model (``prompt_facts``). A model without FIM
+tokens gets prefix-only prompts."""
 
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
+
+from specls.models.tokenizer import Tokenizer
+
+from specls.prompt import FimTokens, PromptBudget, default_budget, fim_tokens_from_template
 
 FimOrder = Literal["psm", "spm"]
 
@@ -121,29 +127,96 @@ PRESETS: dict[str, FimTemplate] = {
 # StarCoder and the bundled tokenizer share the FIM token strings; StarCoder vocabs also hold these.
 _STARCODER_MARKERS = ("<fim_pad>", "<repo_name>", "<filename>")
 
+# ``--fim-family none`` (ExportOptions.fim_family): no FIM template even when the vocab holds one;
+# specls.json then says ``"fim": null`` and the engine builds prefix-only prompts.
+NO_FIM = "none"
 
-def _required(t: FimTemplate) -> tuple[str, ...]:
-    # EOS alternatives: the first one must exist (DeepSeek's <|EOT|> only exists in instruct models).
-    toks = [t.prefix, t.suffix, t.middle, t.eos[0]]
-    if t.file_sep:
-        toks.append(t.file_sep)
-    return tuple(toks)
+
+def fit_template(t: FimTemplate, vocab: Container[str]) -> FimTemplate:
+    """``t`` with what ``vocab`` lacks of its optional parts dropped: the file separator and repo name
+    (None when absent) and the EOS alternatives (only the present ones, unless none is)."""
+    eos = tuple(e for e in t.eos if e in vocab) or t.eos
+    return replace(
+        t,
+        eos=eos,
+        file_sep=t.file_sep if t.file_sep and t.file_sep in vocab else None,
+        repo_name=t.repo_name if t.repo_name and t.repo_name in vocab else None,
+    )
+
+
+def _has_triple(t: FimTemplate, vocab: Container[str]) -> bool:
+    return all(tok in vocab for tok in (t.prefix, t.suffix, t.middle))
 
 
 def detect_template(vocab: Container[str]) -> FimTemplate | None:
-    """The preset whose FIM tokens ``vocab`` (token strings, e.g. ``tokenizer.get_vocab()``) holds, or
-    None. StarCoder and "bundled" share token strings; a vocab with StarCoder's extra specials
-    (``<fim_pad>``, ``<repo_name>``, ``<filename>``) is StarCoder, otherwise bundled."""
+    """The preset whose three FIM tokens (prefix, suffix, middle) ``vocab`` (token strings, e.g.
+    ``tokenizer.get_vocab()``) holds, fitted to it (``fit_template``: file separator, repo name and
+    EOS alternatives are optional), or None: the model gets prefix-only prompts.
+
+    StarCoder and "bundled" share token strings: a vocab with StarCoder's extra specials
+    (``<fim_pad>``, ``<repo_name>``, ``<filename>``) is StarCoder; one with the bundled tokenizer's
+    file separator and EOS (and none of those) is bundled; any other is StarCoder.
+
+    Example: ``{"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"}`` (a Qwen2
+    checkpoint without ``<|file_sep|>``) -> qwen2.5-coder with ``file_sep=None``; SmolLM2's vocab
+    (``<file_sep>``, ``<repo_name>`` but no ``<fim_prefix>``) -> None.
+    """
     for t in (QWEN25_CODER, DEEPSEEK_CODER, CODELLAMA):
-        if all(tok in vocab for tok in _required(t)):
-            return t
-    if all(tok in vocab for tok in (STARCODER.prefix, STARCODER.suffix, STARCODER.middle)):
+        if _has_triple(t, vocab):
+            return fit_template(t, vocab)
+    if _has_triple(STARCODER, vocab):
         if any(m in vocab for m in _STARCODER_MARKERS):
-            return STARCODER
-        if all(tok in vocab for tok in _required(BUNDLED)):
+            return fit_template(STARCODER, vocab)
+        if all(tok in vocab for tok in BUNDLED.special_tokens):
             return BUNDLED
-        return STARCODER
+        return fit_template(STARCODER, vocab)
     return None
+
+
+@dataclass(frozen=True)
+class PromptFacts:
+    """What the engine's prompts need to know about one model, resolved when it loads."""
+
+    family: str  # the FIM family, or NO_FIM: prefix-only prompts
+    fim: FimTokens | None  # None: prefix-only
+    eos_ids: frozenset[int]
+    budget: PromptBudget
+    # tokens the model's own tokenizer puts before a text (BOS for Llama-2-style sentencepiece
+    # vocabularies; nothing for byte-level BPE ones such as Qwen, SmolLM2 or the bundled pair)
+    start_ids: tuple[int, ...] = ()
+
+
+def prompt_facts(
+    template: FimTemplate | None,
+    eos_token_ids: Sequence[int],
+    max_context: int,
+    tokenizer: Tokenizer,
+) -> PromptFacts:
+    """The prompt layout of a model from its ``specls.json`` facts (``fim``, ``eos_token_ids``,
+    ``max_context``) and its tokenizer.
+
+    ``template`` None means prefix-only (the export found no FIM tokens, or ``--fim-family none``);
+    the vocab is not searched again. Stops: the model's EOS ids, the template's EOS strings and FIM
+    tokens (one in the middle means the model thinks the middle is over), and every special token of
+    the tokenizer (never text to insert: it would reach the editor as ``<|im_start|>``). Budgets:
+    ``specls.prompt.default_budget`` for the context length and family. Raises ValueError naming a
+    FIM token the tokenizer lacks.
+    """
+    fim = fim_tokens_from_template(template, tokenizer) if template is not None else None
+    eos = set(eos_token_ids) | set(tokenizer.special_ids)
+    if fim is not None:
+        eos |= set(fim.eos_ids) | {fim.prefix_id, fim.suffix_id, fim.middle_id}
+        if fim.file_sep_id is not None:
+            eos.add(fim.file_sep_id)
+    family = template.family if template is not None else NO_FIM
+    budget = default_budget(
+        max_context,
+        family=family,
+        order=fim.order if fim is not None else None,
+        file_sep=fim is not None and fim.file_sep_id is not None,
+    )
+    start = tuple(tokenizer.encode("", add_special_tokens=True))
+    return PromptFacts(family, fim, frozenset(eos), budget, start)
 
 
 def fim_prompt_text(

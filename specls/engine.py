@@ -54,7 +54,6 @@ from specls.prompt import (
     PromptBudget,
     PromptBuilder,
     TextTokenizer,
-    fim_tokens_from_template,
     longest_common_prefix,
     visible_text,
 )
@@ -86,7 +85,7 @@ class EngineSettings:
     temperature: float = 0.0
     seed: int | None = None
     deadline_s: float | None = None
-    budget: PromptBudget = field(default_factory=PromptBudget)
+    budget: PromptBudget | None = None  # None: the loaded model's (LoadedModels.budget)
     lru_size: int = 128  # finished completions kept (greedy only)
     kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
     reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
@@ -107,11 +106,14 @@ class LoadedModels:
 
     target: CausalLM
     tokenizer: TextTokenizer
-    fim: FimTokens
+    fim: FimTokens | None  # None: prefix-only prompts (a model without FIM tokens)
     eos_ids: frozenset[int]
     draft: CausalLM | None = None
     provider: str = "cpu"
     max_positions: int = 1024
+    # the model's prompt budgets and start tokens (specls.models.fim.prompt_facts)
+    budget: PromptBudget = field(default_factory=PromptBudget)
+    start_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -462,36 +464,30 @@ class OnnxEngine:
         spec = target.spec
         tokenizer = target.tokenizer
         try:
-            template = spec.fim
-            if template is None:
-                from specls.models.fim import detect_template
+            from specls.models.fim import prompt_facts
 
-                template = detect_template(tokenizer.get_vocab())
-            if template is None:
-                raise ValueError("it has no fill-in-the-middle template (specls.json 'fim')")
-            fim = fim_tokens_from_template(template, tokenizer)
+            facts = prompt_facts(spec.fim, spec.eos_token_ids, spec.max_context, tokenizer)
         except ValueError as exc:
             raise EngineError(f"model {target_dir}: {exc}") from exc
-        eos = set(getattr(spec, "eos_token_ids", ()) or ()) | set(fim.eos_ids)
-        # any FIM special token in the middle means the model thinks the middle is over
-        eos |= {fim.prefix_id, fim.suffix_id, fim.middle_id}
-        if fim.file_sep_id is not None:
-            eos.add(fim.file_sep_id)
+        logger.info("prompt: FIM family %s, budget %s", facts.family, facts.budget)
         models = LoadedModels(
             target=target,
             tokenizer=tokenizer,
-            fim=fim,
-            eos_ids=frozenset(eos),
+            fim=facts.fim,
+            eos_ids=facts.eos_ids,
             draft=draft,
             provider=str(getattr(target, "provider", "cpu")),
             max_positions=int(getattr(spec, "max_context", 0) or 1024),
+            budget=facts.budget,
+            start_ids=facts.start_ids,
         )
         self._init_parts(models)
         self._models = models
         say("ready", 1.0)
 
     def _init_parts(self, models: LoadedModels) -> None:
-        self._builder = PromptBuilder(models.tokenizer, models.fim, self.settings.budget)
+        budget = self.settings.budget or models.budget
+        self._builder = PromptBuilder(models.tokenizer, models.fim, budget, models.start_ids)
         self._encoder = DocumentEncoder(models.tokenizer)
         if self.settings.speculate and self.settings.use_lookup:
             self._index = NgramIndex()

@@ -1,12 +1,15 @@
 """Prompt building for the in-process engine: FIM layout at the token level, with a token prefix that
 stays stable across keystrokes so the engine can reuse the KV cache of the previous request.
 
-Layout (token level; ``S`` = a special token):
+Layout (token level; ``S`` = a special token; ``start`` = what the model's tokenizer puts before a
+text, e.g. BOS, usually nothing):
 
-- context snippets (other open buffers), each ``S<file_sep> path\\n text`` when the template has a file
-  separator (skipped otherwise),
+- ``start``, then context snippets (other open buffers), each ``S<file_sep> path\\n text`` when the
+  template has a file separator (skipped otherwise),
 - SPM: ``S<fim_prefix> S<fim_suffix> suffix S<fim_middle> prefix`` (StarCoder-style: the middle continues
-  the prefix), PSM: ``S<fim_prefix> prefix S<fim_suffix> suffix S<fim_middle>``.
+  the prefix), PSM: ``S<fim_prefix> prefix S<fim_suffix> suffix S<fim_middle>``,
+- no FIM template (any causal LM): ``start prefix`` alone. The suffix window is still cut and returned
+  (``Prompt.suffix_tokens``) for prompt-lookup drafting; the text-level stop rules see the suffix too.
 
 Stability: with SPM only the end of the prompt changes while the user types at the cursor. The prefix
 window's left edge is cut at absolute line numbers that are multiples of ``line_chunk``, so it moves in
@@ -40,7 +43,8 @@ class TextTokenizer(Protocol):
 
 @dataclass(frozen=True)
 class PromptBudget:
-    """Token budgets of the prompt's parts."""
+    """Token budgets of the prompt's parts. ``EngineSettings.budget`` None = ``default_budget`` of the
+    loaded model; these field defaults are the bundled pair's (``default_budget(1024, "bundled", ...)``)."""
 
     # Defaults keep prompt + 64 new tokens within 512 positions (the bundled pair's main training
     # length) and the cold prefill cheap (~20% of a cold 64-token completion on one CPU thread).
@@ -49,6 +53,44 @@ class PromptBudget:
     context_tokens: int = 64
     line_chunk: int = 8  # the prefix window's left edge moves in jumps of this many lines
     min_snippet_tokens: int = 24  # a context snippet smaller than this is not worth its separator
+
+
+# The positions a prompt plus its completion may fill: the model's context length, capped by these.
+# 1024 on any model: a cold prompt is prefilled whole before the first token (a 1.5B model prefills
+# ~30 tokens/s in fp32 on 2 CPU cores, a few times that at int4), while a warm keystroke prefills only
+# the changed tail; 1024 gives a real model ~60 lines of prefix instead of the ~25 of 256 tokens and
+# keeps the cold start within seconds at int4. An explicit EngineSettings.budget overrides it.
+PROMPT_WINDOW = 1024
+# Families trained on shorter FIM examples than their context: the bundled pair saw 512 positions.
+FAMILY_WINDOWS: dict[str, int] = {"bundled": 512}
+
+
+def default_budget(max_context: int, family: str, order: str | None, file_sep: bool) -> PromptBudget:
+    """The prompt budgets for a model: ``order`` "psm"/"spm" (None = no FIM: prefix-only prompt),
+    ``file_sep`` whether the template has a file separator (context snippets need one).
+
+    Window ``W = min(max_context, FAMILY_WINDOWS.get(family), PROMPT_WINDOW)``; of it 3W/16 stays free
+    for the completion and the FIM tokens, W/8 goes to context snippets (with a file separator), the
+    suffix gets 3W/16 in SPM but W/16 in PSM (PSM puts the suffix after the cursor's tokens, so every
+    keystroke prefills it again), and the prefix the rest. Prefix-only prompts still cut a 3W/16
+    suffix window for lookup drafting (it costs no prefill).
+
+    >>> def parts(b: PromptBudget) -> tuple[int, int, int]:
+    ...     return b.prefix_tokens, b.suffix_tokens, b.context_tokens
+    >>> parts(default_budget(1024, "bundled", "spm", True))  # W = 512: the bundled pair's defaults
+    (256, 96, 64)
+    >>> parts(default_budget(32768, "qwen2.5-coder", "psm", True))  # W = 1024
+    (640, 64, 128)
+    >>> parts(default_budget(8192, "none", None, False))  # SmolLM2: W = 1024, suffix for lookup only
+    (832, 192, 0)
+    """
+    window = min(max(1, max_context), FAMILY_WINDOWS.get(family, PROMPT_WINDOW), PROMPT_WINDOW)
+    reserve = window * 3 // 16
+    context = window // 8 if order is not None and file_sep else 0
+    in_prompt = {"spm": window * 3 // 16, "psm": window // 16}.get(order or "", 0)
+    prefix = max(1, window - reserve - context - in_prompt)
+    suffix = in_prompt if order is not None else window * 3 // 16
+    return PromptBudget(prefix_tokens=prefix, suffix_tokens=suffix, context_tokens=context)
 
 
 @dataclass(frozen=True)
@@ -117,12 +159,22 @@ def split_lines(text: str) -> list[str]:
 
 
 class PromptBuilder:
-    """Builds prompt token lists; keeps a cache of per-line token counts (for the budgets)."""
+    """Builds prompt token lists; keeps a cache of per-line token counts (for the budgets).
 
-    def __init__(self, tokenizer: TextTokenizer, fim: FimTokens, budget: PromptBudget) -> None:
+    ``fim`` None: prefix-only prompts (``start + prefix``); ``start``: token ids every prompt begins
+    with (BOS where the model's tokenizer adds one)."""
+
+    def __init__(
+        self,
+        tokenizer: TextTokenizer,
+        fim: FimTokens | None,
+        budget: PromptBudget,
+        start: Sequence[int] = (),
+    ) -> None:
         self._tok = tokenizer
         self.fim = fim
         self.budget = budget
+        self.start = tuple(start)
         self._counts: dict[str, int] = {}
 
     # -- token counting -------------------------------------------------------------------------
@@ -198,8 +250,9 @@ class PromptBuilder:
         self, context_docs: Sequence[tuple[str, str]], exclude: str, budget: int
     ) -> tuple[list[int], int]:
         """``S<file_sep> path\\n head-of-text`` for each other buffer while the budget lasts."""
-        if self.fim.file_sep_id is None or budget <= 0:
+        if self.fim is None or self.fim.file_sep_id is None or budget <= 0:
             return [], 0
+        sep = self.fim.file_sep_id
         out: list[int] = []
         used = 0
         for uri, text in context_docs:
@@ -212,9 +265,9 @@ class PromptBuilder:
             body = self._head(text, room)
             if len(body) < self.budget.min_snippet_tokens and len(body) < self._count(text):
                 continue
-            out += [self.fim.file_sep_id, *header, *body]
+            out += [sep, *header, *body]
             used = len(out)
-        docs = out.count(self.fim.file_sep_id)
+        docs = out.count(sep)
         return out, docs
 
     # -- the prompt -------------------------------------------------------------------------------
@@ -230,12 +283,18 @@ class PromptBuilder:
         suffix_tokens = self.suffix_window(suffix)
         prefix_tokens, start_line = self.prefix_window(prefix)
         context, n_docs = self.context_snippets(context_docs, doc_id, self.budget.context_tokens)
-        if fim.order == "spm":
-            # [context] <fim_prefix><fim_suffix> suffix <fim_middle> prefix -> middle
-            tokens = [*context, fim.prefix_id, fim.suffix_id, *suffix_tokens, fim.middle_id, *prefix_tokens]
+        start = self.start
+        if fim is None:
+            # [start] prefix -> continuation (the suffix only feeds lookup drafting)
+            tokens = [*start, *prefix_tokens]
+        elif fim.order == "spm":
+            # [start] [context] <fim_prefix><fim_suffix> suffix <fim_middle> prefix -> middle
+            tokens = [*start, *context, fim.prefix_id, fim.suffix_id, *suffix_tokens, fim.middle_id]
+            tokens += prefix_tokens
         else:
-            # [context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle> -> middle
-            tokens = [*context, fim.prefix_id, *prefix_tokens, fim.suffix_id, *suffix_tokens, fim.middle_id]
+            # [start] [context] <fim_prefix> prefix <fim_suffix> suffix <fim_middle> -> middle
+            tokens = [*start, *context, fim.prefix_id, *prefix_tokens, fim.suffix_id, *suffix_tokens]
+            tokens.append(fim.middle_id)
         return Prompt(tokens, suffix_tokens, start_line, n_docs)
 
 

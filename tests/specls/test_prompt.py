@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from specls.prompt import PromptBudget, PromptBuilder, longest_common_prefix, split_lines, visible_text
+from dataclasses import replace
+
+import pytest
+
+from specls.prompt import (
+    PromptBudget,
+    PromptBuilder,
+    default_budget,
+    longest_common_prefix,
+    split_lines,
+    visible_text,
+)
 from tests.specls.fakes import SOURCE, CharTokenizer, char_fim
 
 
@@ -15,6 +26,7 @@ def test_spm_layout_suffix_first_prefix_last() -> None:
     b, tok = builder("spm")
     p = b.build("def f(x):\n    return ", "\n\nprint(f(1))\n")
     fim = b.fim
+    assert fim is not None
     text = tok.decode(p.tokens)
     assert text == "<fim_prefix><fim_suffix>\n\nprint(f(1))\n<fim_middle>def f(x):\n    return "
     assert p.tokens[0] == fim.prefix_id  # Not fim.suffix_id first: StarCoder-style SPM
@@ -78,10 +90,10 @@ def test_context_snippets_with_file_separator() -> None:
 
 
 def test_context_budget_respected() -> None:
-    b, _ = builder("spm", context_tokens=40, min_snippet_tokens=5)
+    b, tok = builder("spm", context_tokens=40, min_snippet_tokens=5)
     docs = tuple((f"file:///w/m{i}.py", "".join(f"v{j} = {j}\n" for j in range(50))) for i in range(5))
     p = b.build("x", "", docs)
-    n_context = p.tokens.index(b.fim.prefix_id)
+    n_context = p.tokens.index(char_fim(tok).prefix_id)
     assert 0 < n_context <= 40
 
 
@@ -110,3 +122,50 @@ def test_long_prefix_tail_window_matches_full_scan() -> None:
     assert start == 2996  # Not 2995 (the best unaligned fit): 4 lines of ~34 tokens fit, 8 do not
     assert tok.decode(tokens) == "".join(lines[start:])
     assert len(tokens) <= 200
+
+
+def test_prefix_only_layout_keeps_suffix_for_lookup() -> None:
+    """No FIM template (any causal LM): the prompt is the start tokens and the prefix window; the
+    suffix window is cut as usual (it feeds prompt lookup) but not put in the prompt."""
+    tok = CharTokenizer()
+    eos = tok.token_to_id("<|endoftext|>")
+    assert eos is not None
+    b = PromptBuilder(tok, None, PromptBudget(prefix_tokens=20, suffix_tokens=6), start=[eos])
+    docs = (("file:///w/other.py", "x = 1\n" * 40),)
+    p = b.build("a = 1\nb = ", "2\nc = 3\nd = 4\n", docs, "file:///w/a.py")
+    assert p.tokens == [eos, *tok.encode("a = 1\nb = ")]  # Not <fim_prefix>...: no FIM token at all
+    assert p.suffix_tokens == tok.encode("2\n")  # Not "2\nc = ": cut at a line end within 6 tokens
+    assert p.context_docs_used == 0  # snippets need a file separator
+    # typing at the cursor only appends to the prompt (the KV prefix survives)
+    assert longest_common_prefix(p.tokens, b.build("a = 1\nb = 2", "\nc = 3\n").tokens) == len(p.tokens)
+
+
+def test_start_tokens_lead_fim_prompts() -> None:
+    tok = CharTokenizer()
+    b = PromptBuilder(tok, char_fim(tok, "psm"), PromptBudget(), start=[7])
+    tokens = b.build("a", "b").tokens
+    assert tokens[0] == 7 and tok.decode(tokens[1:]) == "<fim_prefix>a<fim_suffix>b<fim_middle>"
+
+
+# (max_context, family, order, file_sep) -> (prefix, suffix, context) tokens, and the wrong answer
+BUDGET_TABLE = [
+    ((1024, "bundled", "spm", True), (256, 96, 64), "640/192/128: the bundled pair trained on 512 positions"),
+    ((32768, "qwen2.5-coder", "psm", True), (640, 64, 128), "a 32k window: cold prefill of minutes on a CPU"),
+    ((32768, "qwen2.5-coder", "psm", False), (768, 64, 0), "context 128 with no file separator to use it"),
+    ((32768, "starcoder", "spm", True), (512, 192, 128), "PSM's small suffix: SPM keeps the suffix cached"),
+    ((8192, "none", None, False), (832, 192, 0), "a suffix share of the prompt: prefix-only has none"),
+    ((256, "none", None, False), (208, 48, 0), "1024 positions: more than the model's context"),
+    ((2048, "bundled", "spm", True), (256, 96, 64), "the context decides alone"),
+]
+
+
+@pytest.mark.parametrize(("args", "want", "wrong"), BUDGET_TABLE)
+def test_default_budget_follows_context_and_family(
+    args: tuple[int, str, str | None, bool], want: tuple[int, int, int], wrong: str
+) -> None:
+    b = default_budget(*args)
+    assert (b.prefix_tokens, b.suffix_tokens, b.context_tokens) == want, f"not {wrong}"
+    window = min(args[0], 512 if args[1] == "bundled" else 1024)
+    in_prompt = b.prefix_tokens + b.context_tokens + (b.suffix_tokens if args[2] else 0)
+    assert in_prompt + window * 3 // 16 == window  # room left for the completion and FIM tokens
+    assert PromptBudget() == default_budget(1024, "bundled", "spm", True) == replace(PromptBudget())
