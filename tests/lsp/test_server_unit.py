@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from lsprotocol import types
 from specls.lsp.documents import Document
 from specls.lsp.postprocess import Completion
@@ -15,6 +16,30 @@ def test_insert_text_keeps_crlf_buffers_crlf():
     assert _insert_text(d, 8, "\n    return x") == "\r\n    return x"  # not a bare \n in a CRLF file
     d2 = doc("def f():\n    x = 1\n")
     assert _insert_text(d2, 8, "\n    return x") == "\n    return x"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "completion", "want"),
+    [
+        # the cursor at the end of line 0, then at the end of the last line (which has no ending)
+        ("def f():\n    x = 1", 0, "\n    y", "\n    y"),
+        ("def f():\n    x = 1", 1, "\n    y", "\n    y"),
+        ("def f():\r\n    x = 1", 0, "\n    y", "\r\n    y"),
+        ("def f():\r\n    x = 1", 1, "\n    y", "\r\n    y"),  # not "\n": the last line has no ending
+        ("def f():\r    x = 1", 0, "\n    y", "\r    y"),  # not "\n" in a lone-CR (old Mac) file
+        ("def f():\r    x = 1", 1, "\n    y", "\r    y"),
+        ("def f():\r\n    x = 1\r\n", 2, "\n    y", "\r\n    y"),  # an empty last line
+        ("x = ", 0, "1\n", "1\n"),  # one line, no ending anywhere: \n
+        # whatever the model wrote (it continues the prompt's line endings) becomes the buffer's
+        ("a\nb", 1, "1\r\n2\r3", "1\n2\n3"),  # not a \r\n or a lone \r in an LF file
+        ("a\r\nb", 1, "1\r\n2\r3\n4", "1\r\n2\r\n3\r\n4"),  # not "\r\r\n" from a blind replace
+        ("a\r\nb", 1, "no break", "no break"),
+    ],
+)
+def test_insert_text_follows_the_documents_line_ending(text, line, completion, want):
+    d = doc(text)
+    offset = d.line_end(line)
+    assert _insert_text(d, offset, completion) == want
 
 
 def test_range_replaces_to_end_of_line_in_utf16():
