@@ -452,6 +452,8 @@ class Session:
         it reads the newest text when it runs."""
         if not self.host.ready:
             return  # sent for every open document once the engine is loaded
+        if self.host.team is not None and self.team_engine is None:
+            return  # team mode, not authenticated: nothing of this client reaches the shared engine
         with self._updates_lock:
             if uri in self._pending_updates:
                 return

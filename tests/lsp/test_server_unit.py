@@ -4,7 +4,17 @@ import pytest
 from lsprotocol import types
 from specls.lsp.documents import Document
 from specls.lsp.postprocess import Completion
-from specls.lsp.server import _completion_range, _insert_text, _percentiles
+from specls.lsp.server import (
+    EngineHost,
+    SpeclsServer,
+    _completion_range,
+    _insert_text,
+    _percentiles,
+    create_server,
+)
+from specls.lsp.settings import ServerSettings
+
+from .fake_server import FakeEngine
 
 
 def doc(text: str) -> Document:
@@ -57,3 +67,36 @@ def test_percentiles():
     assert _percentiles([]) == {"n": 0, "p50": 0.0, "p95": 0.0}
     p = _percentiles([float(i) for i in range(1, 101)])
     assert p["n"] == 100 and 50 <= p["p50"] <= 51 and 94 <= p["p95"] <= 96
+
+
+def _session_with_loaded_engine():
+    engine = FakeEngine()
+    host = EngineHost(engine)
+    host.start_load().result(30)
+    server = create_server(ServerSettings(), engine, host=host)
+    assert isinstance(server, SpeclsServer)
+    return server.session, engine, host
+
+
+def _open(session, uri: str, text: str) -> None:
+    item = types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+    session.did_open(types.DidOpenTextDocumentParams(text_document=item))
+
+
+def test_unauthenticated_team_client_documents_never_reach_the_engine():
+    """Issue 13 item 5: a TCP client that never sent a (valid) initialize must not index documents in
+    the shared engine (RSS and the index grew with every didOpen)."""
+    session, engine, host = _session_with_loaded_engine()
+    try:
+        host.team = (
+            object()
+        )  # team mode: a session is authenticated only once team.open() gave it an engine view
+        _open(session, "file:///big.py", "x = 1\n" * 1000)
+        host.submit(lambda: None).result(30)  # the engine thread has run everything queued before
+        assert engine.counts["updates"] == 0 and engine.docs == {}
+        host.team = None  # the same path without team mode: the document is sent
+        _open(session, "file:///small.py", "y = 2\n")
+        host.submit(lambda: None).result(30)
+        assert engine.counts["updates"] == 1
+    finally:
+        host.close()
