@@ -52,6 +52,7 @@ CONTEXT_DOC_CHARS = 32_000
 LATENCY_WINDOW = 2000  # latency samples kept for percentiles
 COMPLETION_TRIGGERS = [".", "(", "[", "{", ",", ":", "="]
 COMPLETION_REQUESTS = (types.InlineCompletionRequest, types.CompletionRequest)
+CursorParams = types.InlineCompletionParams | types.CompletionParams
 
 EngineFactory = Callable[[ServerSettings], Engine]
 
@@ -199,12 +200,13 @@ class Job:
     request arrived (``snapshot``; None: the document was not open)."""
 
     uri: str
-    msg_id: Any  # the request's JSON-RPC id
+    msg_id: Any  # the request's JSON-RPC id (for $/cancelRequest)
+    params: CursorParams  # the request's params object: its handler gets this very object
     snapshot: Document | None
     started: float
     event: threading.Event = field(default_factory=threading.Event)
     reason: str = ""
-    claimed: bool = False  # its handler has started (a repeated request id gets no second run)
+    claimed: bool = False  # its handler has started
 
     def cancel(self, reason: str) -> None:
         if not self.event.is_set():
@@ -227,7 +229,7 @@ class SpeclsProtocol(LanguageServerProtocol):
         # read has been dispatched: take its document snapshot now, in arrival order.
         try:
             if isinstance(message, COMPLETION_REQUESTS):
-                self._server.session.request_arrived(message.id, message.params.text_document.uri)
+                self._server.session.request_arrived(message.id, message.params)
             elif isinstance(message, types.CancelNotification):
                 self._server.session.request_cancelled(message.params.id)
         except Exception:  # a bug here must not leave the request unanswered: it answers empty
@@ -478,15 +480,16 @@ class Session:
             logger.exception("engine.close_document failed for %s", doc_id)
 
     # ------------------------------------------------------------------ completions
-    def request_arrived(self, msg_id: Any, uri: str) -> None:
-        """A completion request for ``uri`` was just received (called before its handler runs, in
-        message order): snapshot the document and make it the document's newest request."""
+    def request_arrived(self, msg_id: Any, params: CursorParams) -> None:
+        """A completion request was just received (called before its handler runs, in message
+        order): snapshot its document and make it the document's newest request."""
+        uri = params.text_document.uri
         previous = self.jobs.get(uri)
         if previous is not None:
             previous.cancel("superseded")
         doc = self.store.get(uri)
         snapshot = doc.snapshot() if doc is not None else None
-        self.jobs[uri] = Job(uri=uri, msg_id=msg_id, snapshot=snapshot, started=time.monotonic())
+        self.jobs[uri] = Job(uri, msg_id, params, snapshot, started=time.monotonic())
 
     def request_cancelled(self, msg_id: Any) -> None:
         """``$/cancelRequest``: cancel the job, also one whose handler never starts (pygls cancels
@@ -502,35 +505,36 @@ class Session:
         current = self.store.get(snapshot.uri)
         return current is None or current.revision != snapshot.revision
 
-    async def complete(
-        self, uri: str, line: int, character: int, msg_id: Any
-    ) -> tuple[Completion, Document, int] | None:
-        """The completion at a cursor for request ``msg_id`` and the document snapshot it was computed
-        on, or None (empty answer). Cancelled by $/cancelRequest through asyncio task cancellation. A
-        bug on the way is logged and answered empty, never an error."""
+    async def complete(self, params: CursorParams) -> tuple[Completion, Document, int] | None:
+        """The completion for a request (``params``: the object ``request_arrived`` got) and the
+        document snapshot it was computed on, or None (empty answer). Cancelled by $/cancelRequest
+        through asyncio task cancellation. A bug on the way is logged and answered empty, never an
+        error."""
         try:
-            return await self._complete(uri, line, character, msg_id)
+            return await self._complete(params)
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("completion failed for %s at %d:%d", uri, line, character)
+            pos = params.position
+            logger.exception(
+                "completion failed for %s at %d:%d", params.text_document.uri, pos.line, pos.character
+            )
             self.host.counters.errors += 1
             return None
 
-    async def _complete(
-        self, uri: str, line: int, character: int, msg_id: Any
-    ) -> tuple[Completion, Document, int] | None:
+    async def _complete(self, params: CursorParams) -> tuple[Completion, Document, int] | None:
         counters = self.host.counters
         counters.requests += 1
+        uri = params.text_document.uri
         job = self.jobs.get(uri)
-        if job is None or job.msg_id != msg_id or job.claimed:
-            # before its handler started: superseded by a newer request for the document, the
-            # document closed, or a repeated request id
+        if job is None or job.params is not params:
+            # before its handler started: superseded by a newer request for the document, or the
+            # document closed
             counters.cancelled += 1
             return None
         job.claimed = True
         try:
-            return await self._complete_job(job, line, character)
+            return await self._complete_job(job, params.position.line, params.position.character)
         except asyncio.CancelledError:
             job.cancel("client")  # counted when the generation returns (_account)
             raise
@@ -720,10 +724,7 @@ def create_server(
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def on_inline(params: types.InlineCompletionParams) -> types.InlineCompletionList:
-        pos = params.position
-        found = await session.complete(
-            params.text_document.uri, pos.line, pos.character, server.protocol.msg_id
-        )
+        found = await session.complete(params)
         if found is None:
             return types.InlineCompletionList(items=[])
         completion, doc, offset = found
@@ -738,10 +739,7 @@ def create_server(
         types.CompletionOptions(trigger_characters=COMPLETION_TRIGGERS, resolve_provider=False),
     )
     async def on_completion(params: types.CompletionParams) -> types.CompletionList:
-        pos = params.position
-        found = await session.complete(
-            params.text_document.uri, pos.line, pos.character, server.protocol.msg_id
-        )
+        found = await session.complete(params)
         if found is None:
             return types.CompletionList(is_incomplete=True, items=[])
         completion, doc, offset = found

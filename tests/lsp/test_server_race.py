@@ -245,6 +245,22 @@ def test_cancelled_and_superseded_requests_in_one_write() -> None:
         assert answer_texts(types.TEXT_DOCUMENT_INLINE_COMPLETION, conn.response(64)["result"]) == [
             fake_completion("c = 2\n" + OLD)
         ]
+        # a client that reuses a request id around a change: the older request is not run at its own
+        # position on the newer snapshot (the id is the same, the request is not)
+        text = "c = 2\n" + OLD
+        conn.write(
+            frame(_inline(65, uri, 2, 5))
+            + frame(_change(uri, 3, "d = 3\n", (0, 0)))
+            + frame(_inline(65, uri, 3, 3))
+        )
+        answers = sorted(
+            (
+                answer_texts(types.TEXT_DOCUMENT_INLINE_COMPLETION, conn.response(65)["result"])
+                for _ in range(2)
+            ),
+            key=len,
+        )
+        assert answers == [[], [fake_completion("d = 3\n" + text[: text.index("b = 1") + 3])]]
     finally:
         watchdog.cancel()
         proc.kill()
