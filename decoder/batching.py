@@ -6,6 +6,8 @@ The batcher runs the waiting passes as one batched pass when every active reques
 oldest has waited ``max_wait_ms``, or ``max_batch`` are waiting): the thread that finds the batch ready
 runs it, so there is no extra thread. A lone pass runs through the cache's own ``forward`` (a model's
 fastest, batch-1 graph); a pass of more than ``max_tokens`` new tokens (a prefill) never waits.
+``max_wait_ms`` is measured on an injected ``clock`` (``time.monotonic``; tests freeze it so a batch
+forms only when every participant waits, whatever the scheduler does).
 
 Greedy equivalence: a batched pass computes each sequence's logits as its own pass does, up to float
 rounding (tests compare against single passes), so output stays plain greedy decoding of the target.
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 # (caches, ids) -> logits per cache: [n_i, vocab] each; advances every cache by its ids
 BatchForward = Callable[[Sequence[KVCache], Sequence[Sequence[int]]], list[np.ndarray]]
+Clock = Callable[[], float]  # seconds, monotonic
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,16 @@ class PassBatcher:
     ``batcher.wrap(cache)`` as its target cache; requests outside a participant block are never waited
     for."""
 
-    def __init__(self, forward_batch: BatchForward, settings: BatchSettings = BatchSettings()) -> None:
+    def __init__(
+        self,
+        forward_batch: BatchForward,
+        settings: BatchSettings = BatchSettings(),
+        clock: Clock = time.monotonic,
+    ) -> None:
         if settings.max_batch < 1 or settings.max_tokens < 1 or settings.max_wait_ms < 0:
             raise ValueError(f"bad batch settings: {settings}")
         self.settings = settings
+        self._clock = clock
         self._forward_batch = forward_batch
         self._cv = threading.Condition()
         self._pending: list[_Pass] = []
@@ -119,7 +128,7 @@ class PassBatcher:
             with self._cv:
                 self.stats.solo_prefills += int(len(ids) > self.settings.max_tokens)
             return cache.forward(ids)
-        job = _Pass(cache, ids, time.monotonic())
+        job = _Pass(cache, ids, self._clock())
         with self._cv:
             self._pending.append(job)
             self._cv.notify_all()
@@ -146,7 +155,7 @@ class PassBatcher:
         if self._running or not self._pending:
             return None
         n = len(self._pending)
-        waited = time.monotonic() - self._pending[0].queued
+        waited = self._clock() - self._pending[0].queued
         if n < self._active and n < self.settings.max_batch and waited * 1e3 < self.settings.max_wait_ms:
             return None
         batch = self._pending[: self.settings.max_batch]  # oldest first
@@ -161,7 +170,7 @@ class PassBatcher:
     def _wait_s(self) -> float | None:
         if not self._pending or self._running:
             return None  # woken by notify
-        left = self.settings.max_wait_ms / 1e3 - (time.monotonic() - self._pending[0].queued)
+        left = self.settings.max_wait_ms / 1e3 - (self._clock() - self._pending[0].queued)
         return max(left, 1e-4)
 
     def _run(self, batch: list[_Pass]) -> None:

@@ -12,6 +12,8 @@ strings index code points, so a character outside the BMP (emoji) is one index b
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import itertools
 import logging
 import re
 import time
@@ -24,6 +26,9 @@ logger = logging.getLogger(__name__)
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 # A buffer larger than this is kept (edits must still apply) but only a window of it reaches the engine.
 ENGINE_DOC_CHARS = 1_000_000
+# Every open and every change gets a fresh revision, unique across documents and sessions: a client's
+# version numbers may repeat (a buggy client, a close and reopen), revisions never do.
+_revisions = itertools.count(1)
 
 
 class LspPosition(Protocol):
@@ -84,7 +89,14 @@ class Document:
     text: str
     last_edit: int = 0  # code point offset of the latest edit (where the user is typing)
     changed_at: float = field(default_factory=time.monotonic)  # monotonic time of the latest change
+    revision: int = field(default_factory=lambda: next(_revisions))  # see _revisions
     _starts: list[int] | None = field(default=None, repr=False)
+
+    def snapshot(self) -> Document:
+        """A copy of this document as it is now (the text and line table are shared, not copied: both
+        are replaced, never mutated, by a change). The store's own document changes in place; a
+        snapshot never does."""
+        return dataclasses.replace(self, _starts=self.starts)
 
     @property
     def starts(self) -> list[int]:
@@ -130,6 +142,19 @@ class Document:
 
     def line_end(self, line: int) -> int:
         return self.line_bounds(line)[1]
+
+    def line_ending(self, line: int) -> str:
+        """The line ending text inserted on ``line`` should use: that line's own ending, for the last
+        line (which has none) the ending of the line above it, "\\n" in a one-line document.
+
+        Example: in ``"a\\r\\nb"`` both line 0 and line 1 give ``"\\r\\n"`` (not ``"\\n"`` on the
+        last line); in ``"a\\rb\\r"`` every line gives ``"\\r"``."""
+        starts = self.starts
+        for after in (line + 1, line):  # the break that ends ``line``, else the one that ends line - 1
+            if 0 < after < len(starts):
+                end = self.line_bounds(after - 1)[1]
+                return self.text[end : starts[after]]
+        return "\n"
 
     def apply_change(self, new_text: str, rng: LspRange | None) -> None:
         """One content change: the whole text (``rng`` None) or a UTF-16 range replaced."""
@@ -202,6 +227,7 @@ class DocumentStore:
             doc.apply_change(change.text, getattr(change, "range", None))
         doc.version = version
         doc.changed_at = time.monotonic()
+        doc.revision = next(_revisions)
         return doc
 
     def close(self, uri: str) -> Document | None:

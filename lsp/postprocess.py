@@ -15,6 +15,10 @@ the cursor sat in. A closing bracket with no opener (in the completion or
 left open before the cursor) ends the completion. Text that duplicates the rest of the cursor line is
 trimmed, or, when the completion legitimately rewrites the closing brackets, the completion replaces the
 rest of the line.
+
+Line breaks: a document, and so the model's text, may use ``\\n``, ``\\r\\n`` or a lone ``\\r``; every
+rule sees all three (``stop_point`` cuts before the whole break), and ``finalize`` returns ``\\n`` line
+breaks, which the server writes in the document's own line ending.
 """
 
 from __future__ import annotations
@@ -83,6 +87,15 @@ def indent_width(line: str) -> int:
 
 def is_trivial_suffix(line_suffix: str) -> bool:
     return all(ch.isspace() or ch in TRIVIAL_SUFFIX_CHARS for ch in line_suffix)
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LONE_CR = re.compile(r"\r(?!\n)")
+
+
+def lf_breaks(text: str) -> str:
+    """``text`` with every line break made ``\\n``: ``lf_breaks("a\\r\\nb\\rc") == "a\\nb\\nc"``."""
+    return _LINE_BREAK.sub("\n", text) if "\r" in text else text
 
 
 def _first_line_end(text: str) -> int:
@@ -239,7 +252,18 @@ def make_context(
 
 
 def stop_point(ctx: CursorContext, text: str) -> int | None:
-    """Length of ``text`` to keep when the completion is finished, or None to keep generating."""
+    """Length of ``text`` to keep when the completion is finished, or None to keep generating. A cut
+    at a line break is before all of it: ``"x\\r\\ny"`` in single-line mode keeps 1 (not 2, which would
+    leave a dangling ``\\r``); a lone ``\\r`` ends a line like ``\\n`` does."""
+    if "\r" in text:
+        text = _LONE_CR.sub("\n", text)  # same length: the rules below find every break at a \n
+    stop = _stop_point(ctx, text)
+    if stop is not None and 0 < stop < len(text) and text[stop] == "\n" and text[stop - 1] == "\r":
+        stop -= 1
+    return stop
+
+
+def _stop_point(ctx: CursorContext, text: str) -> int | None:
     stops: list[int] = []
     scan = _Scanner(ctx.open_brackets, ctx.open_quote, ctx.comment)
     closed_outer = False
@@ -267,7 +291,7 @@ def stop_point(ctx: CursorContext, text: str) -> int | None:
     return min(stops) if stops else None
 
 
-_LOOP = re.compile(r"([^\n]{2,24}?)\1{3}")  # a unit of 2-24 characters, then 3 more copies of it
+_LOOP = re.compile(r"([^\r\n]{2,24}?)\1{3}")  # a unit of 2-24 characters, then 3 more copies of it
 
 
 def repetition_cut(text: str) -> int | None:
@@ -309,7 +333,8 @@ def _is_subsequence(needle: str, hay: str) -> bool:
 
 def finalize(ctx: CursorContext, text: str, truncated: bool = False) -> Completion | None:
     """The completion to show for raw model ``text`` (``truncated``: generation hit its token limit,
-    so the last line may be cut off)."""
+    so the last line may be cut off), with ``\\n`` line breaks whatever ``text`` used."""
+    text = lf_breaks(text)
     cut = stop_point(ctx, text)
     if cut is not None:
         text = text[:cut]

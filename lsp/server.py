@@ -6,9 +6,12 @@
 - ``create_server(settings, engine)``: one session's ``LanguageServer``: documents, settings, and the
   newest-request-wins bookkeeping. Pass ``host=`` to share an engine between sessions.
 
-Never stale: a result is computed for one document version and dropped (empty answer) when the
-document changed meanwhile. A didChange or a newer request for the same document, and
-``$/cancelRequest``, cancel the running generation at its next target pass.
+Never stale: a completion request is for the document as it was when the request arrived. Its snapshot
+is taken when the message is dispatched (``SpeclsProtocol.handle_message``), before the messages after it
+in the same read (a didChange right behind it) are applied; the answer is computed on that snapshot and
+dropped (empty answer) when the document changed before it is sent. A didChange or a newer request for
+the same document, and ``$/cancelRequest``, cancel the request, queued or running (a running generation
+stops at its next target pass).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 from specls.decoder.api import CompletionRequest, CompletionResult, Engine
 from specls.lsp.documents import Document, DocumentStore, sanitize, window
-from specls.lsp.postprocess import Completion, finalize, make_context, stop_point
+from specls.lsp.postprocess import Completion, finalize, lf_breaks, make_context, stop_point
 from specls.lsp.settings import ServerSettings, parse_settings
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,8 @@ CONTEXT_DOCS = 4  # other open buffers passed as context
 CONTEXT_DOC_CHARS = 32_000
 LATENCY_WINDOW = 2000  # latency samples kept for percentiles
 COMPLETION_TRIGGERS = [".", "(", "[", "{", ",", ":", "="]
+COMPLETION_REQUESTS = (types.InlineCompletionRequest, types.CompletionRequest)
+CursorParams = types.InlineCompletionParams | types.CompletionParams
 
 EngineFactory = Callable[[ServerSettings], Engine]
 
@@ -191,14 +196,17 @@ class EngineHost:
 
 @dataclass
 class Job:
-    """One completion request in flight for one document version."""
+    """One completion request, from its arrival to its answer, for the document as it was when the
+    request arrived (``snapshot``; None: the document was not open)."""
 
     uri: str
-    version: int
+    msg_id: Any  # the request's JSON-RPC id (for $/cancelRequest)
+    params: CursorParams  # the request's params object: its handler gets this very object
+    snapshot: Document | None
     started: float
-    keystroke: float
     event: threading.Event = field(default_factory=threading.Event)
     reason: str = ""
+    claimed: bool = False  # its handler has started
 
     def cancel(self, reason: str) -> None:
         if not self.event.is_set():
@@ -215,6 +223,18 @@ class SpeclsProtocol(LanguageServerProtocol):
     our error policy) and with ``exit`` ending the session instead of the process."""
 
     _server: SpeclsServer
+
+    def handle_message(self, message: Any) -> None:
+        # A completion request's handler is a task that starts only after every message of the same
+        # read has been dispatched: take its document snapshot now, in arrival order.
+        try:
+            if isinstance(message, COMPLETION_REQUESTS):
+                self._server.session.request_arrived(message.id, message.params)
+            elif isinstance(message, types.CancelNotification):
+                self._server.session.request_cancelled(message.params.id)
+        except Exception:  # a bug here must not leave the request unanswered: it answers empty
+            logger.exception("could not register %s", type(message).__name__)
+        super().handle_message(message)
 
     @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Any:
@@ -434,6 +454,8 @@ class Session:
         it reads the newest text when it runs."""
         if not self.host.ready:
             return  # sent for every open document once the engine is loaded
+        if self.host.team is not None and self.team_engine is None:
+            return  # team mode, not authenticated: nothing of this client reaches the shared engine
         with self._updates_lock:
             if uri in self._pending_updates:
                 return
@@ -458,63 +480,105 @@ class Session:
             logger.exception("engine.close_document failed for %s", doc_id)
 
     # ------------------------------------------------------------------ completions
-    async def complete(self, uri: str, line: int, character: int) -> tuple[Completion, Document, int] | None:
-        """The completion at a cursor, or None (empty answer). Cancelled by $/cancelRequest through
-        asyncio task cancellation. A bug on the way is logged and answered empty, never an error."""
-        try:
-            return await self._complete(uri, line, character)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("completion failed for %s at %d:%d", uri, line, character)
-            self.host.counters.errors += 1
-            return None
-
-    async def _complete(self, uri: str, line: int, character: int) -> tuple[Completion, Document, int] | None:
-        counters = self.host.counters
-        counters.requests += 1
-        started = time.monotonic()
+    def request_arrived(self, msg_id: Any, params: CursorParams) -> None:
+        """A completion request was just received (called before its handler runs, in message
+        order): snapshot its document and make it the document's newest request."""
+        uri = params.text_document.uri
         previous = self.jobs.get(uri)
         if previous is not None:
             previous.cancel("superseded")
         doc = self.store.get(uri)
-        if not self.host.ready:
-            counters.not_ready += 1
-            counters.empty += 1
-            if self.host.state == "failed":
-                self.show_load_failure()
-            return None
-        if doc is None or (self.settings.languages and doc.language_id not in self.settings.languages):
-            counters.empty += 1
-            return None
-        offset = doc.offset_at(line, character)
-        if offset is None:
-            counters.empty += 1
-            return None
-        job = Job(uri=uri, version=doc.version, started=started, keystroke=doc.changed_at)
-        self.jobs[uri] = job
+        snapshot = doc.snapshot() if doc is not None else None
+        self.jobs[uri] = Job(uri, msg_id, params, snapshot, started=time.monotonic())
+
+    def request_cancelled(self, msg_id: Any) -> None:
+        """``$/cancelRequest``: cancel the job, also one whose handler never starts (pygls cancels
+        its task before it runs, so nothing else would ever remove the job)."""
+        for uri, job in list(self.jobs.items()):
+            if job.msg_id == msg_id:
+                job.cancel("client")
+                if not job.claimed:
+                    del self.jobs[uri]
+
+    def changed_since(self, snapshot: Document) -> bool:
+        """Whether the store's document is no longer the one ``snapshot`` was taken of."""
+        current = self.store.get(snapshot.uri)
+        return current is None or current.revision != snapshot.revision
+
+    async def complete(self, params: CursorParams) -> tuple[Completion, Document, int] | None:
+        """The completion for a request (``params``: the object ``request_arrived`` got) and the
+        document snapshot it was computed on, or None (empty answer). Cancelled by $/cancelRequest
+        through asyncio task cancellation. A bug on the way is logged and answered empty, never an
+        error."""
         try:
-            result = await self._run(job, doc, offset)
+            return await self._complete(params)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            pos = params.position
+            logger.exception(
+                "completion failed for %s at %d:%d", params.text_document.uri, pos.line, pos.character
+            )
+            self.host.counters.errors += 1
+            return None
+
+    async def _complete(self, params: CursorParams) -> tuple[Completion, Document, int] | None:
+        counters = self.host.counters
+        counters.requests += 1
+        uri = params.text_document.uri
+        job = self.jobs.get(uri)
+        if job is None or job.params is not params:
+            # before its handler started: superseded by a newer request for the document, or the
+            # document closed
+            counters.cancelled += 1
+            return None
+        job.claimed = True
+        try:
+            return await self._complete_job(job, params.position.line, params.position.character)
         except asyncio.CancelledError:
             job.cancel("client")  # counted when the generation returns (_account)
             raise
         finally:
             if self.jobs.get(uri) is job:
                 del self.jobs[uri]
+
+    async def _complete_job(
+        self, job: Job, line: int, character: int
+    ) -> tuple[Completion, Document, int] | None:
+        counters = self.host.counters
+        if not self.host.ready:
+            counters.not_ready += 1
+            counters.empty += 1
+            if self.host.state == "failed":
+                self.show_load_failure()
+            return None
+        doc = job.snapshot
+        if doc is None or (self.settings.languages and doc.language_id not in self.settings.languages):
+            counters.empty += 1
+            return None
+        if job.cancelled:  # a didChange (or close, or shutdown) came right behind the request
+            counters.cancelled += 1
+            return None
+        offset = doc.offset_at(line, character)
+        if offset is None:
+            counters.empty += 1
+            return None
+        result = await self._run(job, doc, offset)
         done = time.monotonic()
-        counters.latency_ms.append((done - started) * 1000)
+        counters.latency_ms.append((done - job.started) * 1000)
         if result is None:
             counters.empty += 1
             return None
         counters.answered += 1
-        counters.keystroke_ms.append((done - job.keystroke) * 1000)
+        counters.keystroke_ms.append((done - doc.changed_at) * 1000)
         return result, doc, offset
 
     async def _run(self, job: Job, doc: Document, offset: int) -> Completion | None:
+        """Generate on ``doc`` (the job's snapshot) at ``offset``."""
         counters = self.host.counters
         if self.settings.debounce_ms > 0:
             await asyncio.sleep(self.settings.debounce_ms / 1000)
-            if job.cancelled or doc.version != job.version:
+            if job.cancelled or self.changed_since(doc):
                 counters.cancelled += 1
                 return None
         text = doc.text
@@ -542,11 +606,11 @@ class Session:
         result: CompletionResult | None = await asyncio.wrap_future(future)
         if result is None or result.stop_reason == "error" or job.cancelled or result.cancelled:
             return None
-        current = self.store.get(doc.uri)
-        if current is not doc or doc.version != job.version:
+        if self.changed_since(doc):
             counters.stale_dropped += 1
             counters.tokens_wasted += result.tokens
             return None
+        # no await from here to the answer: the document the answer is positioned against is current
         return finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
 
     def _account(self, future: concurrent.futures.Future[CompletionResult | None], job: Job) -> None:
@@ -600,11 +664,12 @@ def _completion_range(doc: Document, offset: int, completion: Completion) -> typ
 
 
 def _insert_text(doc: Document, offset: int, text: str) -> str:
+    """``text`` with every line break (``\\n``, ``\\r\\n`` or a lone ``\\r``, whatever the model
+    wrote) made the line ending of the cursor line (``Document.line_ending``), also on the last line."""
+    if "\n" not in text and "\r" not in text:
+        return text
     line, _ = doc.position_at(offset)
-    start, end = doc.line_bounds(line)
-    if doc.text.startswith("\r\n", end):  # keep the buffer's line endings
-        return text.replace("\r\n", "\n").replace("\n", "\r\n")
-    return text
+    return lf_breaks(text).replace("\n", doc.line_ending(line))
 
 
 def create_server(
@@ -659,8 +724,7 @@ def create_server(
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def on_inline(params: types.InlineCompletionParams) -> types.InlineCompletionList:
-        pos = params.position
-        found = await session.complete(params.text_document.uri, pos.line, pos.character)
+        found = await session.complete(params)
         if found is None:
             return types.InlineCompletionList(items=[])
         completion, doc, offset = found
@@ -675,8 +739,7 @@ def create_server(
         types.CompletionOptions(trigger_characters=COMPLETION_TRIGGERS, resolve_provider=False),
     )
     async def on_completion(params: types.CompletionParams) -> types.CompletionList:
-        pos = params.position
-        found = await session.complete(params.text_document.uri, pos.line, pos.character)
+        found = await session.complete(params)
         if found is None:
             return types.CompletionList(is_incomplete=True, items=[])
         completion, doc, offset = found

@@ -17,6 +17,12 @@ N = 24
 K = 4
 
 
+def frozen_clock() -> float:
+    """A batcher clock that never advances: ``max_wait_ms`` never elapses, so a pass runs only when
+    every participant is waiting (or one leaves): batches form whatever the thread scheduler does."""
+    return 0.0
+
+
 class RecordingBatch:
     """A forward_batch over fake caches: each cache's own forward, with the batch sizes recorded."""
 
@@ -53,7 +59,7 @@ KINDS = ["right", "wrong", "none", *[f"wrong_at_{j}" for j in range(K + 1)]]
 def test_concurrent_loops_batch_and_equal_plain_greedy() -> None:
     """Every drafter kind at once, one thread each: outputs are plain greedy, passes were shared."""
     run = RecordingBatch()
-    batcher = PassBatcher(run, BatchSettings(max_batch=8, max_tokens=16, max_wait_ms=200.0))
+    batcher = PassBatcher(run, BatchSettings(max_batch=8, max_tokens=16, max_wait_ms=200.0), frozen_clock)
     settings = DecodeSettings(max_new_tokens=N, gamma=K, gamma_max=K, adaptive_gamma=False)
     results: dict[str, list[int]] = {}
     expected: dict[str, list[int]] = {}
@@ -65,8 +71,8 @@ def test_concurrent_loops_batch_and_equal_plain_greedy() -> None:
         ref = TARGET.greedy(prompt, N + K + 1)
         expected[kind] = ref[:N]
         try:
-            start.wait()
             with batcher.participant():
+                start.wait()  # every loop is a participant before any pass: the first pass waits for all
                 out = generate(
                     batcher.wrap(TARGET.new_cache()),
                     prompt,
@@ -86,7 +92,8 @@ def test_concurrent_loops_batch_and_equal_plain_greedy() -> None:
     for kind in KINDS:
         assert results[kind] == expected[kind], kind  # Not a neighbour's tokens, not a shorter list
     stats = batcher.snapshot()
-    assert max(run.sizes) > 1  # passes really were shared
+    assert run.sizes and max(run.sizes) > 1  # passes really were shared
+    assert run.sizes[0] == len(KINDS)  # the prefills, all in one pass
     assert stats["batched_passes"] == len(run.sizes)  # lone passes never call forward_batch
     assert batcher.active == 0
 
@@ -131,7 +138,7 @@ def test_prefill_over_max_tokens_runs_alone() -> None:
 def test_waiter_runs_when_the_other_participant_leaves() -> None:
     """A pass waits for the other active request; that request finishing (not a timer) releases it."""
     run = RecordingBatch()
-    batcher = PassBatcher(run, BatchSettings(max_batch=8, max_wait_ms=60_000.0))
+    batcher = PassBatcher(run, BatchSettings(max_batch=8, max_wait_ms=60_000.0), frozen_clock)
     inside = threading.Event()
     leave = threading.Event()
     got: list[np.ndarray] = []
@@ -183,7 +190,9 @@ def _passes_at_once(batcher: PassBatcher, ids: list[list[int]]) -> dict[int, obj
 def test_failed_batch_reruns_one_by_one() -> None:
     """One bad pass in a batch fails alone; its neighbours get their logits."""
     bad_token = 63
-    batcher = PassBatcher(RecordingBatch(fail_on=bad_token), BatchSettings(max_batch=4, max_wait_ms=60_000.0))
+    batcher = PassBatcher(
+        RecordingBatch(fail_on=bad_token), BatchSettings(max_batch=4, max_wait_ms=60_000.0), frozen_clock
+    )
     out = _passes_at_once(batcher, [[bad_token], [1, 2], [2, 3]])
     # FakeCache accepts token 63 alone: only the batched call failed; every pass then ran by itself
     assert all(isinstance(out[i], np.ndarray) for i in range(3))
@@ -191,7 +200,7 @@ def test_failed_batch_reruns_one_by_one() -> None:
 
 
 def test_error_reaches_its_own_thread_only() -> None:
-    batcher = PassBatcher(RecordingBatch(), BatchSettings(max_batch=4, max_wait_ms=60_000.0))
+    batcher = PassBatcher(RecordingBatch(), BatchSettings(max_batch=4, max_wait_ms=60_000.0), frozen_clock)
     out = _passes_at_once(batcher, [[999], [1]])  # 999: out of the fake vocab
     assert isinstance(out[0], ValueError)
     assert isinstance(out[1], np.ndarray) and out[1].shape == (1, 64)

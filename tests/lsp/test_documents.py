@@ -128,3 +128,39 @@ def test_crlf_line_bounds():
     assert d.line_count == 3
     assert d.line_bounds(1) == (3, 3)
     assert d.offset_at(2, 1) == 6
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "want"),
+    [
+        ("a\nb", 0, "\n"),
+        ("a\nb", 1, "\n"),
+        ("a\r\nb", 0, "\r\n"),
+        ("a\r\nb", 1, "\r\n"),  # the last line has no ending: the one above, not "\n"
+        ("a\rb", 1, "\r"),  # not "\n" in a lone-CR file
+        ("a\rb\r", 2, "\r"),  # the empty line after a final break
+        ("a\nb\r\nc", 0, "\n"),  # a mixed file: the cursor line's own ending
+        ("a\nb\r\nc", 2, "\r\n"),
+        ("abc", 0, "\n"),  # one line: nothing to follow
+        ("", 0, "\n"),
+    ],
+)
+def test_line_ending(text, line, want):
+    assert doc(text).line_ending(line) == want
+
+
+def test_snapshot_does_not_follow_changes_and_revisions_always_move():
+    store = DocumentStore()
+    live = store.open("file:///s", "python", 1, "a = 1\nb = 2")
+    snap = live.snapshot()
+    assert snap.text == live.text and snap.revision == live.revision
+    changed = store.change("file:///s", 1, [Change("x\n", R(P(0, 0), P(0, 0)))])  # the same version
+    assert changed is live
+    assert snap.text == "a = 1\nb = 2" and snap.offset_at(1, 5) == 11  # the snapshot's own lines
+    assert live.text == "x\na = 1\nb = 2"
+    assert live.revision != snap.revision  # not trusted to the client's version number
+    before = live.revision
+    store.change("file:///s", 2, [])  # no content change: still a new revision
+    assert live.revision != before
+    reopened = store.open("file:///s", "python", 1, "a = 1\nb = 2")  # same version and text as at first
+    assert reopened.revision not in (snap.revision, live.revision)

@@ -164,3 +164,50 @@ def test_completion_with_a_docstring_keeps_its_unbalanced_text(raw: str, truncat
     the bracket were still open."""
     got = finalize(make_context("def area(r):\n", "\n"), raw, truncated=truncated)
     assert got is not None and got.text == raw.rstrip("\n")
+
+
+EOLS = {"lf": "\n", "crlf": "\r\n", "cr": "\r"}
+
+
+@pytest.mark.parametrize("eol", list(EOLS.values()), ids=list(EOLS))
+@pytest.mark.parametrize(("prefix", "suffix", "raw", "want"), CASES)
+def test_finalize_table_in_every_line_ending(prefix, suffix, raw, want, eol):
+    """The same cases in a CRLF and a lone-CR document, with the model writing that document's line
+    ending: the same answer, with \\n line breaks. Wrong answers guarded: a lone \\r not taken for a line
+    break (a "single-line" completion spanning lines, a dedent or blank line missed), a \\r left
+    dangling at a cut."""
+
+    def eols(text: str) -> str:
+        return text.replace("\n", eol)
+
+    assert finalize(make_context(eols(prefix), eols(suffix)), eols(raw)) == want
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "raw", "keep"),
+    [
+        ("x = ", " + 1\n", "y\nz", 1),  # single-line mode cuts at the break
+        ("x = ", " + 1\r\n", "y\r\nz", 1),  # before the whole \r\n: not 2, leaving "y\r"
+        ("x = ", " + 1\r", "y\rz", 1),  # a lone \r is a break: not None (a 2-line "single-line" answer)
+        ("print(", ")\r\n", '"hi")\r\nprint(1)', 5),  # the closed bracket ends the line: before "\r\n"
+        ("def f():", "\r", "\r    return 1\r\rdef g", 13),  # blank line in a lone-CR file: not None
+        ("def f():\r    x = 1", "\r", "\r    y = 2\rz = 3", 10),  # dedent in a lone-CR file: not None
+    ],
+)
+def test_stop_point_sees_every_line_break(prefix, suffix, raw, keep):
+    ctx = make_context(prefix, suffix)
+    assert stop_point(ctx, raw) == keep
+    assert stop_point(ctx, raw[:keep]) is None  # idempotent: nothing dangling to cut again
+
+
+def test_streamed_crlf_stops_like_the_whole_text():
+    """A stream may end between the \\r and the \\n of a break: every prefix's stop gives the same
+    final text as the whole completion's."""
+    ctx = make_context("def f():", "\r\n")
+    text = "\r\n    return 1\r\n\r\ndef g():\r\n"
+    want = finalize(ctx, text)
+    assert want == Completion("\n    return 1", 0)
+    for n in range(len(text) + 1):
+        keep = stop_point(ctx, text[:n])
+        if keep is not None:
+            assert finalize(ctx, text[:keep]) == want, n

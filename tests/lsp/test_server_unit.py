@@ -1,9 +1,20 @@
 from __future__ import annotations
 
+import pytest
 from lsprotocol import types
 from specls.lsp.documents import Document
 from specls.lsp.postprocess import Completion
-from specls.lsp.server import _completion_range, _insert_text, _percentiles
+from specls.lsp.server import (
+    EngineHost,
+    SpeclsServer,
+    _completion_range,
+    _insert_text,
+    _percentiles,
+    create_server,
+)
+from specls.lsp.settings import ServerSettings
+
+from .fake_server import FakeEngine
 
 
 def doc(text: str) -> Document:
@@ -15,6 +26,30 @@ def test_insert_text_keeps_crlf_buffers_crlf():
     assert _insert_text(d, 8, "\n    return x") == "\r\n    return x"  # not a bare \n in a CRLF file
     d2 = doc("def f():\n    x = 1\n")
     assert _insert_text(d2, 8, "\n    return x") == "\n    return x"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "completion", "want"),
+    [
+        # the cursor at the end of line 0, then at the end of the last line (which has no ending)
+        ("def f():\n    x = 1", 0, "\n    y", "\n    y"),
+        ("def f():\n    x = 1", 1, "\n    y", "\n    y"),
+        ("def f():\r\n    x = 1", 0, "\n    y", "\r\n    y"),
+        ("def f():\r\n    x = 1", 1, "\n    y", "\r\n    y"),  # not "\n": the last line has no ending
+        ("def f():\r    x = 1", 0, "\n    y", "\r    y"),  # not "\n" in a lone-CR (old Mac) file
+        ("def f():\r    x = 1", 1, "\n    y", "\r    y"),
+        ("def f():\r\n    x = 1\r\n", 2, "\n    y", "\r\n    y"),  # an empty last line
+        ("x = ", 0, "1\n", "1\n"),  # one line, no ending anywhere: \n
+        # whatever the model wrote (it continues the prompt's line endings) becomes the buffer's
+        ("a\nb", 1, "1\r\n2\r3", "1\n2\n3"),  # not a \r\n or a lone \r in an LF file
+        ("a\r\nb", 1, "1\r\n2\r3\n4", "1\r\n2\r\n3\r\n4"),  # not "\r\r\n" from a blind replace
+        ("a\r\nb", 1, "no break", "no break"),
+    ],
+)
+def test_insert_text_follows_the_documents_line_ending(text, line, completion, want):
+    d = doc(text)
+    offset = d.line_end(line)
+    assert _insert_text(d, offset, completion) == want
 
 
 def test_range_replaces_to_end_of_line_in_utf16():
@@ -32,3 +67,36 @@ def test_percentiles():
     assert _percentiles([]) == {"n": 0, "p50": 0.0, "p95": 0.0}
     p = _percentiles([float(i) for i in range(1, 101)])
     assert p["n"] == 100 and 50 <= p["p50"] <= 51 and 94 <= p["p95"] <= 96
+
+
+def _session_with_loaded_engine():
+    engine = FakeEngine()
+    host = EngineHost(engine)
+    host.start_load().result(30)
+    server = create_server(ServerSettings(), engine, host=host)
+    assert isinstance(server, SpeclsServer)
+    return server.session, engine, host
+
+
+def _open(session, uri: str, text: str) -> None:
+    item = types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+    session.did_open(types.DidOpenTextDocumentParams(text_document=item))
+
+
+def test_unauthenticated_team_client_documents_never_reach_the_engine():
+    """Issue 13 item 5: a TCP client that never sent a (valid) initialize must not index documents in
+    the shared engine (RSS and the index grew with every didOpen)."""
+    session, engine, host = _session_with_loaded_engine()
+    try:
+        host.team = (
+            object()
+        )  # team mode: a session is authenticated only once team.open() gave it an engine view
+        _open(session, "file:///big.py", "x = 1\n" * 1000)
+        host.submit(lambda: None).result(30)  # the engine thread has run everything queued before
+        assert engine.counts["updates"] == 0 and engine.docs == {}
+        host.team = None  # the same path without team mode: the document is sent
+        _open(session, "file:///small.py", "y = 2\n")
+        host.submit(lambda: None).result(30)
+        assert engine.counts["updates"] == 1
+    finally:
+        host.close()
