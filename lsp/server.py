@@ -27,8 +27,10 @@ from functools import partial
 from typing import Any
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcServerNotInitialized
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.json_rpc import RPCNotification, RPCRequest
 from pygls.protocol.language_server import lsp_method
 from specls.decoder.api import CompletionRequest, CompletionResult, Engine
 from specls.lsp.documents import Document, DocumentStore, sanitize, window
@@ -236,6 +238,37 @@ class SpeclsProtocol(LanguageServerProtocol):
         self._server.session.exit_requested(clean=self._shutdown)
         return None
 
+    def handle_message(self, message: Any) -> None:
+        """Team mode gate: until ``initialize`` presents a valid token only ``initialize`` and ``exit``
+        are served; other requests get ServerNotInitialized and notifications (didOpen...) are
+        dropped, so an unauthenticated connection never reaches the shared engine or the stats. The
+        token is checked here, before pygls' initialize (whose error path logs a traceback)."""
+        session = self._server.session
+        method = message.method if isinstance(message, RPCRequest | RPCNotification) else None
+        if method == types.CANCEL_REQUEST and message.params.id not in self._request_futures:
+            logger.debug("$/cancelRequest for unknown id %r", message.params.id)  # finished already
+            return
+        if session.authenticated:
+            super().handle_message(message)
+            return
+        if isinstance(message, RPCRequest) and method == types.INITIALIZE:
+            try:
+                session.authenticate(message.params.initialization_options)
+            except JsonRpcException as exc:
+                self._send_response(message.id, None, exc.to_response_error())
+                return
+            super().handle_message(message)
+        elif method == types.EXIT:
+            super().handle_message(message)
+        elif isinstance(message, RPCRequest):
+            self._send_response(
+                message.id,
+                None,
+                JsonRpcServerNotInitialized(
+                    "specls: send initialize with a valid token first"
+                ).to_response_error(),
+            )
+
 
 class SpeclsServer(LanguageServer):
     session: Session
@@ -314,9 +347,18 @@ class Session:
             self.report_problems(problems)
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def authenticated(self) -> bool:
+        """Serving requests: always outside team mode; in team mode once initialize had a valid token."""
+        return self.host.team is None or self.team_engine is not None
+
+    def authenticate(self, initialization_options: object) -> None:
+        """Team service: token check (raises a JSON-RPC error), then this client's fair-queue session."""
+        if self.host.team is not None and self.team_engine is None and not self.closed:
+            self.team_engine = self.host.team.open(self, initialization_options)
+
     def initialize(self, params: types.InitializeParams) -> None:
-        if self.host.team is not None:  # team service: token check (raises a JSON-RPC error), fair queue
-            self.team_engine = self.host.team.open(self, params.initialization_options)
+        self.authenticate(params.initialization_options)
         self.apply_settings(params.initialization_options)
 
     async def initialized(self) -> None:
@@ -361,6 +403,8 @@ class Session:
                 logger.debug("progress notification failed", exc_info=True)
 
     def _load_done(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved: a failed load is reported below, not as "never retrieved"
         if self._progress_token is not None:
             msg = "ready" if self.host.ready else "failed"
             self._send_progress(self._progress_token, types.WorkDoneProgressEnd(message=msg))
