@@ -65,6 +65,15 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | int]:
     return {"n": len(ordered), "p50": pick(0.5), "p95": pick(0.95)}
 
 
+def post_to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """``loop.call_soon_threadsafe`` from an engine thread, dropped once the loop is closed (a
+    generation cancelled by a server stopping finishes after its event loop is gone)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # "Event loop is closed"
+        logger.debug("event loop closed; dropped %s", getattr(fn, "__name__", fn))
+
+
 def _jsonable(value: Any) -> Any:
     """Engine stats may hold numpy scalars or dataclasses: make them plain JSON values."""
     return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
@@ -390,7 +399,7 @@ class Session:
             return
         pct = int(max(0.0, min(1.0, fraction)) * 100)
         value = types.WorkDoneProgressReport(message=message, percentage=pct)
-        loop.call_soon_threadsafe(self._send_progress, token, value)
+        post_to_loop(loop, self._send_progress, token, value)
 
     def _send_progress(self, token: str, value: Any) -> None:
         if not self.closed:
@@ -582,7 +591,7 @@ class Session:
         future = submit(partial(self._generate, request, job))
         loop = asyncio.get_running_loop()
         # account on the loop thread, also for generations whose request was cancelled meanwhile
-        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._account, f, job))
+        future.add_done_callback(lambda f: post_to_loop(loop, self._account, f, job))
         result: CompletionResult | None = await asyncio.wrap_future(future)
         if result is None or result.stop_reason == "error" or job.cancelled or result.cancelled:
             return None
