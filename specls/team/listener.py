@@ -14,7 +14,9 @@ Framing and dispatch are the transport's (``specls.lsp.transport.Connection``)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections.abc import Callable
 
 from pygls.lsp.server import LanguageServer
@@ -166,6 +168,10 @@ class Listener:
         assert isinstance(server, SpeclsServer)
         session = server.session
         log.info("connection from %s", address)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # the kernel notices a peer that vanished without closing
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         server.protocol.set_writer(writer)  # type: ignore[arg-type]
         conn = Connection(server, writer.write)
         session.on_exit = lambda clean: closed.set()

@@ -26,13 +26,14 @@ class ConnectionSettings:
     # An editor sends initialize as its first message, within milliseconds of connecting; 10 s covers a
     # slow editor start over a slow link and bounds how long a scanner or a tokenless client holds a slot.
     auth_timeout_s: float = 10.0
-    # Editors are silent while their user is away: an hour keeps a meeting or a lunch break connected,
-    # and still reclaims connections whose peer vanished without a FIN (laptop lid closed, NAT mapping
-    # dropped). A connection waiting for one of its requests is never idle. 0 = never close.
-    idle_timeout_s: float = 3600.0
-    # An idle authenticated connection costs about 0.1 MB of server memory (measured, docs/team.md),
-    # so 256 of them are ~25 MB: far below one model's KV caches, and more editors than one engine
-    # serves at interactive latency.
+    # Editors are silent while their user is away, and Neovim's client does not reconnect by itself
+    # (VS Code's restarts), so this is long: a workday. It reclaims an editor left open overnight;
+    # peers that vanished without a FIN are found sooner by TCP keepalive (on for every connection).
+    # A connection waiting for one of its requests is never idle. 0 = never close.
+    idle_timeout_s: float = 8 * 3600.0
+    # An idle authenticated connection costs ~30 KB of server memory, a silent unauthenticated one
+    # ~20 KB (measured, docs/team.md): 256 are under 10 MB, and more editors than one engine serves
+    # at interactive latency.
     max_connections: int = 256
     # One developer runs a few editors; a team behind NAT shares an address. Behind a proxy on the same
     # host every client comes from 127.0.0.1: raise it to max_connections there.
