@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import socket
 from collections.abc import Callable
@@ -159,6 +160,10 @@ class Listener:
             self._closers.discard(closed)
             self._handlers.discard(task)
             self.table.release(address)
+            if self.table.total == 0 and not self._stop.is_set():
+                # the last client left: after the engine thread's queued work (its documents' close),
+                # give the C heap's freed pages back (glibc keeps a peak's KV and activations per arena)
+                self.host.submit(trim_heap)
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, closed: asyncio.Event
@@ -218,6 +223,14 @@ class Listener:
             except Exception:
                 log.debug("close failed", exc_info=True)
             log.info("connection from %s closed", address)
+
+
+def trim_heap() -> None:
+    """``malloc_trim(0)``: return free C-heap pages of every arena to the OS (glibc; else a no-op)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 async def _read(reader: asyncio.StreamReader, closed: asyncio.Event, timeout: float | None) -> bytes | None:
