@@ -210,7 +210,7 @@ class RemoteEngine:
             if remaining <= 0:
                 with self._lock:
                     self._load_state = "failed"
-                waited = f" after {attempt + 1} attempts in {s.load_wait_s:.0f} s" if attempt else ""
+                waited = f" after {attempt + 1} attempts in {s.load_wait_s:g} s" if attempt else ""
                 raise self._fail(f"back end not ready{waited}", reason)
             delay = min(backoff_delay(attempt, s.retry_initial_s, s.retry_max_s), remaining)
             attempt += 1
