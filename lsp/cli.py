@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import signal
 import sys
 from typing import Any
 
@@ -65,39 +66,136 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return dataclasses.replace(settings, **updates)
 
 
+EXIT_LOAD_FAILED = 3  # ``specls serve --tcp``: the engine could not be loaded (docs/team.md)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+# Options of the team service; over stdio there is one editor and no network, so they mean nothing.
+_TCP_ONLY = {
+    "token_file": "--token-file",
+    "require_token": "--require-token",
+    "metrics_port": "--metrics-port",
+}
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from specls.lsp.server import EngineHost, create_server
-    from specls.lsp.transport import serve_stdio, serve_tcp
+    from specls.decoder.api import EngineError
+    from specls.lsp.server import create_server
+
+    from specls.team.cli import engine_override_from_args
 
     settings = settings_from_args(args)
-    if args.tcp is None:
-        server = create_server(settings, make_engine(settings), factory=make_engine)
-        return serve_stdio(server)
-    address, port = args.tcp
-    from specls.team.auth import AuthError
-    from specls.team.cli import engine_override_from_args, tune_for_team
-    from specls.team.glue import team_hooks_from_args
-
-    engine = engine_override_from_args(args) or tune_for_team(make_engine(settings), args)
-    host = EngineHost(engine)
-    try:  # auth (a non-loopback bind needs --token-file), fair scheduling, metrics
-        host.team = team_hooks_from_args(args, address, engine)
-    except AuthError as exc:
+    try:  # --engine remote|fake (None: the in-process ONNX engine)
+        override = engine_override_from_args(args)
+    except EngineError as exc:
         print(f"specls serve: {exc}", file=sys.stderr)
         return 2
-    host.start_load()  # a shared server loads at once, not on the first client
+    if args.tcp is not None:
+        return _serve_tcp(args, settings, override)
+    given = [flag for dest, flag in _TCP_ONLY.items() if getattr(args, dest) not in (None, False)]
+    if given:
+        print(
+            f"specls serve: {', '.join(given)}: only with --tcp (over stdio there is one editor)",
+            file=sys.stderr,
+        )
+        return 2
+    if override is not None:  # the engine the flags name, for any editor settings
+        server = create_server(settings, override)
+    else:
+        server = create_server(settings, make_engine(settings), factory=make_engine)
+    try:
+        return _serve_stdio(server)
+    finally:
+        _close_engine(override)
+
+
+def _serve_stdio(server: Any) -> int:
+    """One editor on stdin/stdout; SIGTERM/SIGINT end the session as an ``exit`` after ``shutdown``
+    would (in-flight work cancelled, exit status 0)."""
+    from specls.lsp.transport import serve_stdio
+
+    def on_signal(signum: int, frame: object) -> None:
+        try:
+            loop = asyncio.get_running_loop()  # the signal interrupts the main thread's event loop
+        except RuntimeError:  # before the loop runs: nothing to clean up yet
+            raise SystemExit(0) from None
+        loop.call_soon_threadsafe(server.session.exit_requested, True)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        return serve_stdio(server)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve_tcp(args: argparse.Namespace, settings: ServerSettings, override: Engine | None) -> int:
+    from specls.lsp.server import EngineHost, create_server
+
+    from specls.team.auth import AuthError
+    from specls.team.cli import tune_for_team
+    from specls.team.glue import team_hooks_from_args
+    from specls.team.listener import Listener
+
+    address, port = args.tcp
+    engine = override or tune_for_team(make_engine(settings), args)
+    host = EngineHost(engine)
+    try:  # auth (a non-loopback bind needs --token-file), fair scheduling, metrics
+        hooks = team_hooks_from_args(args, address, engine)
+    except AuthError as exc:
+        print(f"specls serve: {exc}", file=sys.stderr)
+        _close_engine(override)
+        return 2
+    host.team = hooks
+    service = hooks.service
+    listener = Listener(
+        host,
+        lambda h: create_server(settings, h.engine, host=h),
+        service.settings.connections,
+        service.metrics,
+    )
+    status = {"rc": 0}
 
     def announce(bound: int) -> None:
         print(f"specls listening on {address}:{bound}", file=sys.stderr, flush=True)
 
-    try:
-        asyncio.run(
-            serve_tcp(host, lambda h: create_server(settings, h.engine, host=h), address, port, announce)
+    def load_failed() -> None:
+        service.load_failed(host.error)
+        print(
+            f"specls serve: the engine could not be loaded: {host.error}; exiting (status {EXIT_LOAD_FAILED})",
+            file=sys.stderr,
+            flush=True,
         )
+        status["rc"] = EXIT_LOAD_FAILED
+        listener.stop()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, listener.stop)
+        # a shared server loads at once, not on the first client; /healthz shows its progress
+        load = host.start_load(service.load_progress)
+
+        def loaded(future: Any) -> None:  # on the engine thread
+            if not future.cancelled() and future.exception() is not None:
+                loop.call_soon_threadsafe(load_failed)
+
+        load.add_done_callback(loaded)
+        await listener.serve(address, port, announce)
+
+    try:
+        asyncio.run(main())
     finally:
-        host.team.close()
+        _close_engine(override)  # a remote engine still waiting for its back end stops waiting
+        hooks.close()
         host.close()
-    return 0
+    return status["rc"]
+
+
+def _close_engine(engine: Engine | None) -> None:
+    from specls.team.remote import RemoteEngine
+
+    if isinstance(engine, RemoteEngine):
+        engine.close()
 
 
 async def fetch_stats(address: str, port: int, timeout: float = 30.0) -> dict[str, Any]:
@@ -159,7 +257,7 @@ def register(sub: Any) -> None:
     serve.add_argument("--max-tokens", type=int, metavar="N", help="tokens per completion (default 64)")
     from specls.team.cli import add_engine_arguments, add_team_arguments
 
-    add_engine_arguments(serve, model_args=False)  # --engine onnx|remote|fake (TCP only)
+    add_engine_arguments(serve, model_args=False)  # --engine onnx|remote|fake
     add_team_arguments(serve)  # --token-file, --metrics-port, queue limits, request logs (TCP only)
     serve.set_defaults(func=_serve)
 

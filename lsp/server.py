@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import json
 import logging
@@ -30,8 +31,10 @@ from functools import partial
 from typing import Any
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcServerNotInitialized
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
+from pygls.protocol import LanguageServerProtocol, default_converter
+from pygls.protocol.json_rpc import RPCNotification, RPCRequest
 from pygls.protocol.language_server import lsp_method
 from specls.decoder.api import CompletionRequest, CompletionResult, Engine
 from specls.lsp.documents import Document, DocumentStore, sanitize, window
@@ -66,6 +69,15 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | int]:
         return round(ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))], 2)
 
     return {"n": len(ordered), "p50": pick(0.5), "p95": pick(0.95)}
+
+
+def post_to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """``loop.call_soon_threadsafe`` from an engine thread, dropped once the loop is closed (a
+    generation cancelled by a server stopping finishes after its event loop is gone)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # "Event loop is closed"
+        logger.debug("event loop closed; dropped %s", getattr(fn, "__name__", fn))
 
 
 def _jsonable(value: Any) -> Any:
@@ -256,6 +268,46 @@ class SpeclsProtocol(LanguageServerProtocol):
         self._server.session.exit_requested(clean=self._shutdown)
         return None
 
+    # pygls caches these with functools.lru_cache on the method, which keys the cache on ``self``:
+    # the class-level cache kept up to 128 (protocol, method) pairs -- closed connections' protocols
+    # with their servers and converters -- alive. The lookup is one dict get; no cache needed.
+    def get_message_type(self, method: str) -> Any:  # type: ignore[override]  # (a plain method)
+        return types.METHOD_TO_TYPES.get(method, (None,))[0]
+
+    def get_result_type(self, method: str) -> Any:  # type: ignore[override]
+        return types.METHOD_TO_TYPES.get(method, (None, None))[1]
+
+    def handle_message(self, message: Any) -> None:
+        """Team mode gate: until ``initialize`` presents a valid token only ``initialize`` and ``exit``
+        are served; other requests get ServerNotInitialized and notifications (didOpen...) are
+        dropped, so an unauthenticated connection never reaches the shared engine or the stats. The
+        token is checked here, before pygls' initialize (whose error path logs a traceback)."""
+        session = self._server.session
+        method = message.method if isinstance(message, RPCRequest | RPCNotification) else None
+        if method == types.CANCEL_REQUEST and message.params.id not in self._request_futures:
+            logger.debug("$/cancelRequest for unknown id %r", message.params.id)  # finished already
+            return
+        if session.authenticated:
+            super().handle_message(message)
+            return
+        if isinstance(message, RPCRequest) and method == types.INITIALIZE:
+            try:
+                session.authenticate(message.params.initialization_options)
+            except JsonRpcException as exc:
+                self._send_response(message.id, None, exc.to_response_error())
+                return
+            super().handle_message(message)
+        elif method == types.EXIT:
+            super().handle_message(message)
+        elif isinstance(message, RPCRequest):
+            self._send_response(
+                message.id,
+                None,
+                JsonRpcServerNotInitialized(
+                    "specls: send initialize with a valid token first"
+                ).to_response_error(),
+            )
+
 
 class SpeclsServer(LanguageServer):
     session: Session
@@ -334,9 +386,18 @@ class Session:
             self.report_problems(problems)
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def authenticated(self) -> bool:
+        """Serving requests: always outside team mode; in team mode once initialize had a valid token."""
+        return self.host.team is None or self.team_engine is not None
+
+    def authenticate(self, initialization_options: object) -> None:
+        """Team service: token check (raises a JSON-RPC error), then this client's fair-queue session."""
+        if self.host.team is not None and self.team_engine is None and not self.closed:
+            self.team_engine = self.host.team.open(self, initialization_options)
+
     def initialize(self, params: types.InitializeParams) -> None:
-        if self.host.team is not None:  # team service: token check (raises a JSON-RPC error), fair queue
-            self.team_engine = self.host.team.open(self, params.initialization_options)
+        self.authenticate(params.initialization_options)
         self.apply_settings(params.initialization_options)
 
     async def initialized(self) -> None:
@@ -368,7 +429,7 @@ class Session:
             return
         pct = int(max(0.0, min(1.0, fraction)) * 100)
         value = types.WorkDoneProgressReport(message=message, percentage=pct)
-        loop.call_soon_threadsafe(self._send_progress, token, value)
+        post_to_loop(loop, self._send_progress, token, value)
 
     def _send_progress(self, token: str, value: Any) -> None:
         if not self.closed:
@@ -381,6 +442,8 @@ class Session:
                 logger.debug("progress notification failed", exc_info=True)
 
     def _load_done(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved: a failed load is reported below, not as "never retrieved"
         if self._progress_token is not None:
             msg = "ready" if self.host.ready else "failed"
             self._send_progress(self._progress_token, types.WorkDoneProgressEnd(message=msg))
@@ -602,7 +665,7 @@ class Session:
         future = submit(partial(self._generate, request, job))
         loop = asyncio.get_running_loop()
         # account on the loop thread, also for generations whose request was cancelled meanwhile
-        future.add_done_callback(lambda f: loop.call_soon_threadsafe(self._account, f, job))
+        future.add_done_callback(lambda f: post_to_loop(loop, self._account, f, job))
         result: CompletionResult | None = await asyncio.wrap_future(future)
         if result is None or result.stop_reason == "error" or job.cancelled or result.cancelled:
             return None
@@ -672,6 +735,14 @@ def _insert_text(doc: Document, offset: int, text: str) -> str:
     return lf_breaks(text).replace("\n", doc.line_ending(line))
 
 
+@functools.cache
+def shared_converter() -> Any:
+    """One lsprotocol converter for every session: a converter generates (and keeps) structuring code
+    for each message type it meets, ~0.2 MB per connection when each session had its own. Its hooks
+    are stateless, and every session structures messages on the one event loop thread."""
+    return default_converter()
+
+
 def create_server(
     settings: ServerSettings,
     engine: Engine,
@@ -686,6 +757,7 @@ def create_server(
         SERVER_NAME,
         SERVER_VERSION,
         protocol_cls=SpeclsProtocol,
+        converter_factory=shared_converter,
         text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
     )
     session_no = next(_session_ids)

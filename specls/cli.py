@@ -43,6 +43,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    from specls.team.logs import install_rate_limit
+
+    for handler in logging.getLogger().handlers:  # warnings a client can trigger per message
+        install_rate_limit(handler)
+    # pygls logs every message it sends and receives at INFO (code, and initialize's token): never
+    logging.getLogger("pygls").setLevel(max(level, logging.WARNING))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -47,19 +47,20 @@ class TokenStore:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> TokenStore:
+        """Refuses (AuthError) a file that group or others may read or write, as ssh refuses such a
+        private key: anyone who can read it can impersonate every client in it."""
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise AuthError(f"cannot read token file {p}: {exc.strerror or exc}") from None
-        store = cls(parse_token_file(text, source=str(p)))
         try:
             mode = p.stat().st_mode
             if mode & 0o077:
-                log.warning("token file %s is readable by group/others (chmod 600 it)", p)
-        except OSError:
-            pass
-        return store
+                raise AuthError(
+                    f"token file {p} is accessible by group/others (mode {mode & 0o777:03o}); "
+                    f"run: chmod 600 {p}"
+                )
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise AuthError(f"cannot read token file {p}: {exc.strerror or exc}") from None
+        return cls(parse_token_file(text, source=str(p)))
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -16,6 +16,8 @@ import sys
 from typing import Any
 
 from specls.decoder.api import Engine, EngineError
+from specls.team.remote import RemoteSettings
+from specls.team.service import ConnectionSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,14 @@ def add_engine_arguments(p: argparse.ArgumentParser, model_args: bool = True) ->
         help="suffix: send the API's suffix field (specls serve-engine); qwen: build the Qwen2.5-Coder "
         "FIM prompt here (vLLM, llama.cpp)",
     )
+    g.add_argument(
+        "--load-wait-s",
+        type=float,
+        default=RemoteSettings.load_wait_s,
+        help="remote engine: how long to wait (retrying with backoff) for a back end that is still "
+        f"starting (HTTP 503 'Loading model', connection refused) before failing (default "
+        f"{RemoteSettings.load_wait_s:.0f}; 0 = one attempt)",
+    )
     g.add_argument("--fake-pass-ms", type=float, default=20.0, help="fake engine: ms per target pass")
 
 
@@ -79,6 +89,32 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
         default="depth",
         help="load-aware speculation: depth = shrink gamma with queue depth, drafting off when deep; "
         "acceptance = drafting off under load only when acceptance is low; off = never cap",
+    )
+    c = ConnectionSettings()
+    g.add_argument(
+        "--auth-timeout-s",
+        type=float,
+        default=c.auth_timeout_s,
+        help=f"close a connection that has not sent initialize with a valid token by then (default {c.auth_timeout_s:g})",
+    )
+    g.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=c.idle_timeout_s,
+        help=f"close a connection silent this long with nothing in flight (default {c.idle_timeout_s:g}; 0 = never)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=c.max_connections,
+        help=f"open connections (default {c.max_connections})",
+    )
+    g.add_argument(
+        "--max-per-address",
+        type=int,
+        default=c.max_per_address,
+        help=f"open connections from one address (default {c.max_per_address}; behind a local proxy all "
+        "clients share 127.0.0.1)",
     )
     g.add_argument("--log-requests", action="store_true", help="one JSON line per request on stderr")
     g.add_argument(
@@ -128,6 +164,12 @@ def team_settings_from_args(args: argparse.Namespace, host: str) -> Any:
         metrics_host=args.metrics_host,
         scheduler=scheduler_settings_from_args(args),
         request_log=RequestLogSettings(include_text=args.log_completion_text),
+        connections=ConnectionSettings(
+            auth_timeout_s=args.auth_timeout_s,
+            idle_timeout_s=args.idle_timeout_s,
+            max_connections=args.max_connections,
+            max_per_address=args.max_per_address,
+        ),
     )
 
 
@@ -164,7 +206,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
 
         return FakeEngine(FakeEngineSettings(pass_s=args.fake_pass_ms / 1000.0))
     if args.engine == "remote":
-        from specls.team.remote import QWEN_FIM, QWEN_STOPS, RemoteEngine, RemoteSettings
+        from specls.team.remote import QWEN_FIM, QWEN_STOPS, RemoteEngine
 
         if not args.remote_url:
             raise EngineError("--engine remote needs --remote-url http://host:port")
@@ -176,6 +218,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
                 api_key=os.environ.get(args.remote_key_env) or None,
                 fim_template=QWEN_FIM if qwen else None,
                 stop=QWEN_STOPS if qwen else (),
+                load_wait_s=max(0.0, args.load_wait_s),
             )
         )
     from specls.decoder.batching import BatchSettings

@@ -73,6 +73,7 @@ class TeamHooks:
     def stats(self) -> dict[str, object]:
         out = self.service.scheduler.scheduler_stats()
         out["auth_required"] = self.service.auth_required
+        out["load"] = self.service.load_status()
         out["clients"] = self.service.scheduler.clients()
         return out
 

@@ -10,6 +10,10 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specls.decoder.api import CompletionResult
@@ -98,3 +102,57 @@ def install_json_handler(stream: object | None = None) -> logging.Handler:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     return handler
+
+
+class RateLimitFilter(logging.Filter):
+    """At most ``burst`` records per ``period_s`` for each call site (logger, level, message template)
+    at WARNING or above; the rest are dropped and counted, and the next record let through says how
+    many were suppressed. A client that repeats one bad message cannot fill the disk with one warning
+    per message (a buggy client produced 1.17 million log lines in 4 minutes). DEBUG/INFO pass
+    (they are off by default). ``clock`` is for tests.
+
+    Example (burst 2, period 60): warnings at t=0, 1, 2, 3 -> the first two pass, two are suppressed;
+    the same warning at t=61 passes as "... (2 similar messages suppressed)"."""
+
+    def __init__(
+        self, burst: int = 10, period_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.burst = burst
+        self.period_s = period_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        # call site -> (window start, records let through in it, suppressed since the last one let through)
+        self._sites: OrderedDict[tuple[str, int, str], list[float]] = OrderedDict()
+        self.max_sites = 1024  # distinct call sites remembered (bounded memory)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self.clock()
+        with self._lock:
+            site = self._sites.get(key)
+            if site is None or now - site[0] >= self.period_s:
+                suppressed = int(site[2]) if site is not None else 0
+                self._sites[key] = [now, 1.0, 0.0]
+                self._sites.move_to_end(key)
+                while len(self._sites) > self.max_sites:
+                    self._sites.popitem(last=False)
+            elif site[1] < self.burst:
+                site[1] += 1
+                suppressed = int(site[2])
+                site[2] = 0
+            else:
+                site[2] += 1
+                return False
+        if suppressed:
+            record.msg = f"{record.msg} ({suppressed} similar messages suppressed)"
+        return True
+
+
+def install_rate_limit(handler: logging.Handler, burst: int = 10, period_s: float = 60.0) -> RateLimitFilter:
+    """Rate-limit ``handler``'s warnings per call site (``specls`` CLIs do it for stderr)."""
+    f = RateLimitFilter(burst, period_s)
+    handler.addFilter(f)
+    return f

@@ -62,6 +62,28 @@ class RemoteSettings:
     cache_size: int = 256
     send_doc_id: bool = True  # "user" = hash of the document id (lets serve-engine reuse its KV)
     cancel_poll_s: float = 0.02
+    # A back end that is still starting answers 503 "Loading model" (llama-server, vLLM) or refuses the
+    # connection for seconds to minutes (a big model, vLLM compiling CUDA graphs): load() retries with
+    # backoff for this long before it fails for good. 0 = one attempt.
+    load_wait_s: float = 300.0
+    retry_initial_s: float = 0.5  # first wait between attempts, doubled each time ...
+    retry_max_s: float = 10.0  # ... up to this
+
+
+# Answers of a back end that is starting or overloaded: worth another try. Others (401, 404 model...) are not.
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+
+def backoff_delay(attempt: int, initial_s: float, max_s: float) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): ``initial_s`` doubled per attempt,
+    capped at ``max_s``. E.g. initial 0.5, max 10: 0.5, 1, 2, 4, 8, 10, 10, ..."""
+    if attempt < 0 or initial_s <= 0:
+        return max(0.0, initial_s)
+    return float(min(max_s, initial_s * 2 ** min(attempt, 62)))
+
+
+class _NotYet(Exception):
+    """The back end is not ready yet (a retryable answer); the message says what it answered."""
 
 
 def fill_template(template: str, prefix: str, suffix: str) -> str:
@@ -109,6 +131,10 @@ class RemoteEngine:
         self._cache: OrderedDict[tuple[str, str, int], _Cached] = OrderedDict()
         self._last: dict[str, tuple[str, str, _Cached]] = {}  # doc -> (prefix, suffix, result)
         self._docs: set[str] = set()
+        self._closing = threading.Event()
+        self._load_state = "new"  # new | waiting for back end | ready | failed
+        self._load_attempts = 0
+        self._last_load_error = ""
         self._stats = {
             "requests": 0,
             "http_requests": 0,
@@ -166,14 +192,58 @@ class RemoteEngine:
     # -- Engine protocol -------------------------------------------------------------------------
 
     def load(self, progress: Callable[[str, float], None] | None = None) -> None:
+        """Check the back end (``/v1/models``) and pick the model. While it is starting (a retryable
+        HTTP status, or no connection) retry with backoff for ``load_wait_s``, reporting "waiting for
+        back end" through ``progress``; then fail with an EngineError. ``close()`` stops the wait."""
+        s = self.settings
         if progress is not None:
             progress(f"connecting to {self.url}", 0.0)
+        deadline = time.monotonic() + max(0.0, s.load_wait_s)
+        attempt = 0
+        while True:
+            try:
+                self._probe()
+                break
+            except _NotYet as exc:
+                reason = str(exc)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                with self._lock:
+                    self._load_state = "failed"
+                waited = f" after {attempt + 1} attempts in {s.load_wait_s:g} s" if attempt else ""
+                raise self._fail(f"back end not ready{waited}", reason)
+            delay = min(backoff_delay(attempt, s.retry_initial_s, s.retry_max_s), remaining)
+            attempt += 1
+            message = f"waiting for back end at {self.url} ({reason}); retry {attempt} in {delay:.1f} s"
+            with self._lock:
+                self._load_state = "waiting for back end"
+                self._load_attempts = attempt
+                self._last_load_error = reason
+            (log.warning if attempt == 1 else log.info)("%s", message)
+            if progress is not None:
+                progress(message, 0.0)
+            if self._closing.wait(delay):
+                raise EngineError(f"remote engine at {self.url}: stopped while waiting for the back end")
+        with self._lock:
+            self._load_state = "ready"
+        self._ready = True
+        if progress is not None:
+            progress(f"remote engine ready ({self._model or 'default model'})", 1.0)
+
+    def close(self) -> None:
+        """Stop a load that is waiting for the back end (a server shutting down)."""
+        self._closing.set()
+
+    def _probe(self) -> None:
+        """One ``GET /v1/models``; raises _NotYet (retryable) or EngineError (permanent)."""
         conn = self._conn()
         try:
             conn.request("GET", f"{self._base_path}/v1/models", headers=self._headers(False))
             resp = conn.getresponse()
             if resp.status in (401, 403):
                 raise self._fail("listing models", self._error_detail(resp) + " (check the API key)")
+            if resp.status in RETRY_STATUSES:
+                raise _NotYet(self._error_detail(resp))
             if resp.status == 200:
                 data = json.loads(resp.read() or b"{}")
                 ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
@@ -183,15 +253,14 @@ class RemoteEngine:
                     raise self._fail("listing models", f"model {self._model!r} not served (has {ids})")
             elif resp.status != 404:  # a server without /v1/models still may serve completions
                 raise self._fail("listing models", self._error_detail(resp))
-        except EngineError:
+        except (EngineError, _NotYet):
             raise
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise self._fail("cannot connect", exc) from None
+        except (OSError, http.client.HTTPException) as exc:  # not listening yet, reset, timed out
+            raise _NotYet(f"cannot connect: {type(exc).__name__}: {exc}") from None
+        except ValueError as exc:
+            raise self._fail("listing models", f"bad JSON: {exc}") from None
         finally:
             conn.close()
-        self._ready = True
-        if progress is not None:
-            progress(f"remote engine ready ({self._model or 'default model'})", 1.0)
 
     @property
     def ready(self) -> bool:
@@ -212,6 +281,9 @@ class RemoteEngine:
                 "engine": "remote",
                 "url": self.url,
                 "model": self._model,
+                "state": self._load_state,
+                "load_retries": self._load_attempts,
+                "last_load_error": self._last_load_error,
                 "open_documents": len(self._docs),
                 "cached_completions": len(self._cache),
                 **self._stats,

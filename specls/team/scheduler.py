@@ -260,6 +260,10 @@ class FairScheduler:
         with self._cond:
             if self._closed:
                 raise EngineError("the completion service is shutting down")
+            if self._sessions.get(session.id) is not session:
+                # The session closed between its caller's check and here: queueing would run the
+                # request after close freed the session's documents, and re-create one in the engine.
+                return _cancelled_result("disconnected")
             self._counts["submitted"] += 1
             q = self._queues.setdefault(session.id, deque())
             # Sweep requests whose callers already gave up: they free their slots now.
@@ -345,6 +349,15 @@ class FairScheduler:
             except Exception:
                 log.exception("scheduler observer failed")
 
+    def _forget_document(self, doc_id: str) -> None:
+        """A request of a session that closed while it ran: the session already closed its documents,
+        and the engine may have (re)created this one's state during the run (an engine builds the
+        prompt before it creates a document's KV entry). Close it again so nothing is orphaned."""
+        try:
+            self.engine.close_document(doc_id)
+        except Exception:
+            log.exception("closing a departed client's document failed")
+
     # -- worker ------------------------------------------------------------------------------------
 
     def _next_job(self) -> _Job | None:
@@ -407,6 +420,10 @@ class FairScheduler:
                 result = self.engine.complete(req, job.cancelled)
             except BaseException as exc:  # report to the caller, keep serving others
                 error = exc
+            with self._cond:
+                departed = self._sessions.get(job.session.id) is not job.session
+            if departed:
+                self._forget_document(req.doc_id)
             now = time.monotonic()
             with self._cond:
                 self._running.remove(job)

@@ -22,6 +22,28 @@ LOCAL_CLIENT = "local"
 
 
 @dataclass(frozen=True)
+class ConnectionSettings:
+    # An editor sends initialize as its first message, within milliseconds of connecting; 10 s covers a
+    # slow editor start over a slow link and bounds how long a scanner or a tokenless client holds a slot.
+    auth_timeout_s: float = 10.0
+    # Editors are silent while their user is away, and Neovim's client does not reconnect by itself
+    # (VS Code's restarts), so this is long: a workday. It reclaims an editor left open overnight;
+    # peers that vanished without a FIN are found sooner by TCP keepalive (on for every connection).
+    # A connection waiting for one of its requests is never idle. 0 = never close.
+    idle_timeout_s: float = 8 * 3600.0
+    # An idle authenticated connection costs ~30 KB of server memory, a silent unauthenticated one
+    # ~20 KB (measured, docs/team.md): 256 are under 10 MB, and more editors than one engine serves
+    # at interactive latency.
+    max_connections: int = 256
+    # One developer runs a few editors; a team behind NAT shares an address. Behind a proxy on the same
+    # host every client comes from 127.0.0.1: raise it to max_connections there.
+    max_per_address: int = 32
+    # initialize with full client capabilities is ~10 KB; before a token is checked a client gets no
+    # more than this (a 64 MB "message" from a stranger would be framed and parsed for nothing).
+    max_unauthenticated_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
 class TeamSettings:
     host: str = "127.0.0.1"
     token_file: str | None = None
@@ -30,6 +52,7 @@ class TeamSettings:
     metrics_host: str = "127.0.0.1"
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     request_log: RequestLogSettings = field(default_factory=RequestLogSettings)
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
 
 
 class TeamMetricsObserver:
@@ -192,6 +215,23 @@ class TeamService:
         self.scheduler = FairScheduler(engine, settings.scheduler, observers=(self.observer,))
         declare_scheduler_gauges(self.metrics, self.scheduler)
         self._server: MetricsServer | None = None
+        self._load_message = ""  # the engine's latest load progress ("waiting for back end ...")
+        self._load_error: str | None = None
+
+    def load_progress(self, message: str, fraction: float) -> None:
+        """A load progress listener (``EngineHost.start_load``): /healthz and stats show the message."""
+        self._load_message = message
+
+    def load_failed(self, error: str) -> None:
+        """The engine cannot load: /healthz answers 503 "failed: ..." (the server then exits)."""
+        self._load_error = error or "unknown error"
+
+    def load_status(self) -> dict[str, object]:
+        state = "failed" if self._load_error is not None else "ready" if self.scheduler.ready else "loading"
+        out: dict[str, object] = {"state": state, "message": self._load_message}
+        if self._load_error is not None:
+            out["error"] = self._load_error
+        return out
 
     @property
     def auth_required(self) -> bool:
@@ -224,8 +264,10 @@ class TeamService:
         return session
 
     def health(self) -> tuple[bool, str]:
+        if self._load_error is not None:
+            return False, f"failed: {self._load_error}"
         if not self.scheduler.ready:
-            return False, "loading"
+            return False, f"loading: {self._load_message}" if self._load_message else "loading"
         return True, f"ok clients={self.scheduler.active_clients} queue={self.scheduler.queue_depth()}"
 
     def start_metrics(self) -> MetricsServer | None:

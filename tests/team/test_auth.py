@@ -81,6 +81,7 @@ def test_non_loopback_bind_needs_a_token_file(tmp_path: Path) -> None:
     assert require_auth_for_bind("127.0.0.1", None) is None
     p = tmp_path / "tokens"
     p.write_text(TOKENS)
+    p.chmod(0o600)
     store = require_auth_for_bind("0.0.0.0", str(p))
     assert store is not None and store.names == ("alice", "client4")
 
@@ -88,14 +89,38 @@ def test_non_loopback_bind_needs_a_token_file(tmp_path: Path) -> None:
 def test_tokens_never_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     p = tmp_path / "tokens"
     p.write_text(TOKENS)
-    p.chmod(0o644)  # provokes the permissions warning, which must not print the token
+    p.chmod(0o644)  # provokes the permissions refusal, which must not print the token
     caplog.set_level(logging.DEBUG)
+    with pytest.raises(AuthError) as refused:
+        TokenStore.from_file(p)
+    p.chmod(0o600)
     store = TokenStore.from_file(p)
     store.authenticate("wrong-token-xyz")
     with pytest.raises(AuthError) as info:
         TokenStore(parse_token_file("alice:short\n"))
     assert "short" not in str(info.value).replace("shorter", "")
-    assert caplog.records, "expected the permissions warning"
-    for rec in caplog.records:
-        msg = rec.getMessage()
+    messages = [str(refused.value)] + [rec.getMessage() for rec in caplog.records]
+    for msg in messages:
         assert "alice-secret-1" not in msg and "bob-secret-22" not in msg and "wrong-token" not in msg
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [0o640, 0o604, 0o620, 0o660, 0o644, 0o666, 0o601],  # wrong answer before the fix: loaded, warned
+)
+def test_token_file_others_can_access_is_refused(tmp_path: Path, mode: int) -> None:
+    p = tmp_path / "tokens"
+    p.write_text(TOKENS)
+    p.chmod(mode)
+    with pytest.raises(AuthError, match=rf"mode {mode:03o}.*chmod 600"):
+        TokenStore.from_file(p)
+    with pytest.raises(AuthError, match="chmod 600"):
+        require_auth_for_bind("0.0.0.0", str(p))
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_token_file_only_its_owner_can_read_is_loaded(tmp_path: Path, mode: int) -> None:
+    p = tmp_path / "tokens"
+    p.write_text(TOKENS)
+    p.chmod(mode)
+    assert TokenStore.from_file(p).names == ("alice", "client4")

@@ -1,4 +1,4 @@
-"""The team service inside the real language server over TCP (``serve_tcp`` + ``create_server`` with
+"""The team service inside the real language server over TCP (``Listener`` + ``create_server`` with
 ``TeamHooks``), driven by the bench's minimal LSP client: token auth as for a non-loopback bind (bound
 to 127.0.0.1 with tokens forced on), a client killed mid-request, memory released on disconnect."""
 
@@ -14,11 +14,11 @@ import pytest
 from specls.decoder.api import CancelCheck, CompletionRequest, CompletionResult, never_cancelled
 from specls.lsp.server import EngineHost, create_server
 from specls.lsp.settings import ServerSettings
-from specls.lsp.transport import serve_tcp
 
 from specls.bench.team import LspClient, initialize
 from specls.team.fake import FakeEngine, FakeEngineSettings
 from specls.team.glue import UNAUTHORIZED, TeamHooks, team_hooks
+from specls.team.listener import Listener
 from specls.team.service import TeamSettings
 
 TOKENS = "alice:alice-token-0001\nbob:bob-token-00002\n"
@@ -57,21 +57,15 @@ async def team_server(tmp_path: Path, engine: FakeEngine) -> AsyncIterator[tuple
     host.team = hooks
     host.start_load().result(timeout=30)
     bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(
-        serve_tcp(
-            host,
-            lambda h: create_server(ServerSettings(), h.engine, host=h),
-            "127.0.0.1",
-            0,
-            lambda port: bound.set_result(port),
-        )
+    listener = Listener(
+        host, lambda h: create_server(ServerSettings(), h.engine, host=h), metrics=hooks.service.metrics
     )
+    task = asyncio.create_task(listener.serve("127.0.0.1", 0, lambda port: bound.set_result(port)))
     try:
         yield await asyncio.wait_for(bound, 30), hooks
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        listener.stop()
+        await asyncio.wait_for(task, 30)
         hooks.close()
         host.close()
 

@@ -126,7 +126,7 @@ def test_cancel_aborts_the_stream_and_stops_the_server(
 
 def test_unreachable_and_auth_errors(served: tuple[EngineHTTPServer, FakeEngine]) -> None:
     server, _ = served
-    dead = RemoteEngine(RemoteSettings(base_url="http://127.0.0.1:9", connect_timeout_s=1))
+    dead = RemoteEngine(RemoteSettings(base_url="http://127.0.0.1:9", connect_timeout_s=1, load_wait_s=0))
     with pytest.raises(EngineError, match="cannot connect"):
         dead.load()
     with pytest.raises(EngineError, match="URL"):
