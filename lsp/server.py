@@ -236,7 +236,7 @@ class SpeclsProtocol(LanguageServerProtocol):
 
     _server: SpeclsServer
 
-    def handle_message(self, message: Any) -> None:
+    def _note_arrival(self, message: Any) -> None:
         # A completion request's handler is a task that starts only after every message of the same
         # read has been dispatched: take its document snapshot now, in arrival order.
         try:
@@ -246,7 +246,6 @@ class SpeclsProtocol(LanguageServerProtocol):
                 self._server.session.request_cancelled(message.params.id)
         except Exception:  # a bug here must not leave the request unanswered: it answers empty
             logger.exception("could not register %s", type(message).__name__)
-        super().handle_message(message)
 
     @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
     def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Any:
@@ -278,16 +277,19 @@ class SpeclsProtocol(LanguageServerProtocol):
         return types.METHOD_TO_TYPES.get(method, (None, None))[1]
 
     def handle_message(self, message: Any) -> None:
-        """Team mode gate: until ``initialize`` presents a valid token only ``initialize`` and ``exit``
-        are served; other requests get ServerNotInitialized and notifications (didOpen...) are
-        dropped, so an unauthenticated connection never reaches the shared engine or the stats. The
-        token is checked here, before pygls' initialize (whose error path logs a traceback)."""
+        """Every message enters here, in arrival order. Team mode gate: until ``initialize`` presents a
+        valid token only ``initialize`` and ``exit`` are served; other requests get ServerNotInitialized
+        and notifications (didOpen...) are dropped, so an unauthenticated connection never reaches the
+        shared engine or the stats. The token is checked here, before pygls' initialize (whose error
+        path logs a traceback). Authenticated: completion requests are noted on arrival (their document
+        snapshot), then pygls handles the message."""
         session = self._server.session
         method = message.method if isinstance(message, RPCRequest | RPCNotification) else None
-        if method == types.CANCEL_REQUEST and message.params.id not in self._request_futures:
-            logger.debug("$/cancelRequest for unknown id %r", message.params.id)  # finished already
-            return
         if session.authenticated:
+            self._note_arrival(message)  # also drops a cancelled job whose handler never started
+            if method == types.CANCEL_REQUEST and message.params.id not in self._request_futures:
+                logger.debug("$/cancelRequest for unknown id %r", message.params.id)  # finished already
+                return
             super().handle_message(message)
             return
         if isinstance(message, RPCRequest) and method == types.INITIALIZE:
