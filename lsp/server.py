@@ -534,13 +534,19 @@ class Session:
         if doc is None or self.closed:
             return
         try:
-            self.host.engine.update_document(self.doc_id(uri), sanitize(doc.engine_text()))
+            self._engine.update_document(self.doc_id(uri), sanitize(doc.engine_text()))
         except Exception:
             logger.exception("engine.update_document failed for %s", uri)
 
+    @property
+    def _engine(self) -> Engine:
+        """Where this session's documents and completions go: in team mode its scheduler session (one
+        namespaced id per buffer for updates and completions alike), else the host's engine."""
+        return self.team_engine if self.team_engine is not None else self.host.engine
+
     def _engine_close(self, doc_id: str) -> None:
         try:
-            self.host.engine.close_document(doc_id)
+            self._engine.close_document(doc_id)
         except Exception:
             logger.exception("engine.close_document failed for %s", doc_id)
 
@@ -703,7 +709,7 @@ class Session:
             return None
         if self.host.team is not None and self.team_engine is None:
             return None  # team mode and not authenticated
-        engine = self.team_engine if self.team_engine is not None else self.host.engine
+        engine = self._engine
         try:
             return engine.complete(request, job.event.is_set)
         except Exception as exc:

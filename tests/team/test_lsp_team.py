@@ -200,3 +200,39 @@ async def test_documents_and_kv_freed_when_clients_leave(tmp_path: Path) -> None
         assert hooks.service.scheduler.active_clients == 0
         for c in clients:
             await c.close()
+
+
+class IdRecorder(FakeEngine):
+    """Records the engine document ids that updates and completions use."""
+
+    def __init__(self) -> None:
+        super().__init__(FakeEngineSettings(pass_s=0.001))
+        self.updated: set[str] = set()
+        self.completed: set[str] = set()
+
+    def update_document(self, doc_id: str, text: str) -> None:
+        self.updated.add(doc_id)
+        super().update_document(doc_id, text)
+
+    def complete(
+        self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
+    ) -> CompletionResult:
+        self.completed.add(request.doc_id)
+        return super().complete(request, cancelled)
+
+
+async def test_a_buffer_is_one_engine_document_for_updates_and_completions(tmp_path: Path) -> None:
+    engine = IdRecorder()
+    async with team_server(tmp_path, engine) as (port, _hooks):
+        clients = [await LspClient.connect("127.0.0.1", port) for _ in range(2)]
+        for c in clients:
+            assert "result" in await initialize(c, "alice-token-0001")
+            items(await open_and_complete(c, "file:///same.py", "x = " + "1\n" * 10 + "y = "))
+        for _ in range(500):  # updates run on the host's executor: wait until both arrived
+            if len(engine.updated) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(engine.completed) == 2  # two clients, same uri: two documents. Not 1
+        assert engine.updated == engine.completed  # Not {"s1|file:///same.py", ...} beside "s1|s1|..."
+        for c in clients:
+            await c.close()
