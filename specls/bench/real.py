@@ -75,10 +75,15 @@ class RealBenchOptions:
     tasks: tuple[str, ...] = TASKS
     seed: int = 0
     threads: int = 1
+    methods: tuple[str, ...] = ()  # subset to run (() = all); each method's reference is added
     hf: bool = False  # dequantizing the 1.5B GGUF to fp32 takes minutes and ~9 GB: opt in
     ctx: int = 4096  # llama-server context; the prompts here stay under ~1.2k tokens
     request_timeout_s: float = 300.0  # one completion (a 64-token decode at ~1 tok/s fits)
     start_timeout_s: float = 180.0  # llama-server load (mmap) + warm-up on a loaded 2-core machine
+    # cut each point's prefix / suffix to this many characters (None = the whole file, as the prompt
+    # budget allows): a ~1k-token prompt costs ~60 s of prefill per method on a loaded 2-core machine
+    prefix_chars: int | None = None
+    suffix_chars: int | None = None
     json_out: str | None = None
     markdown: bool = False
 
@@ -110,11 +115,18 @@ class LlamaConfig:
 
 
 def llama_configs(gguf_draft: str, threads: int) -> dict[str, LlamaConfig]:
-    """The llama.cpp side: plain, draft model (``-md``, its own threads pinned to ours) and ngram."""
+    """The llama.cpp side: plain, draft model (``-md``, its own threads pinned to ours) and ngram.
+
+    ``-md`` alone only loads the draft model: build 11434 infers the speculative type from the draft
+    GGUF's metadata, finds none in a plain Qwen GGUF and drafts nothing (``draft_n`` absent, one
+    token per pass); ``--spec-type draft-simple`` makes it draft. Draft lengths stay llama.cpp's
+    defaults."""
     t = str(threads)
     return {
         "llama-plain": LlamaConfig("llama-plain"),
-        "llama-draft": LlamaConfig("llama-draft", ("-md", gguf_draft, "-td", t, "-tbd", t)),
+        "llama-draft": LlamaConfig(
+            "llama-draft", ("-md", gguf_draft, "--spec-type", "draft-simple", "-td", t, "-tbd", t)
+        ),
         "llama-ngram": LlamaConfig("llama-ngram", ("--spec-type", "ngram-simple")),
     }
 
@@ -289,6 +301,21 @@ def end_of_line(text: str) -> int | None:
     """
     nl = text.find("\n")
     return nl if nl >= 0 else None
+
+
+def cut_context(point: Point, prefix_chars: int | None, suffix_chars: int | None) -> Point:
+    """The point with its prefix cut to the last ``prefix_chars`` and its suffix to the first
+    ``suffix_chars`` characters (None: unchanged); the removed middle stays the same.
+
+    >>> p = cut_context(Point("f.py", "line", "abcdef", "uvwxyz", "M"), 2, 3)
+    >>> (p.prefix, p.suffix, p.middle)
+    ('ef', 'uvw', 'M')
+    """
+    prefix = (
+        point.prefix if prefix_chars is None else point.prefix[len(point.prefix) - max(0, prefix_chars) :]
+    )
+    suffix = point.suffix if suffix_chars is None else point.suffix[: max(0, suffix_chars)]
+    return replace(point, prefix=prefix, suffix=suffix)
 
 
 def _specls_run(engine: Any, point: Point, doc_id: str, max_tokens: int, task: str) -> Run:
@@ -522,7 +549,12 @@ def register(sub: Any) -> None:
     p.add_argument("--tasks", default=",".join(TASKS), help="task classes: 64 (budget only), short (to EOL)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads, help="threads for every engine")
+    p.add_argument(
+        "--methods", default="", help="comma-separated subset (default: all); references are added"
+    )
     p.add_argument("--hf", action="store_true", help="add HF generate (greedy, assisted) from the GGUF files")
+    p.add_argument("--prefix-chars", type=int, default=None, help="cut each prefix to its last N chars")
+    p.add_argument("--suffix-chars", type=int, default=None, help="cut each suffix to its first N chars")
     p.add_argument("--ctx", type=int, default=d.ctx, help="llama-server context size")
     p.add_argument("--json", dest="json_out", default=None, help="save the numbers as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
@@ -534,7 +566,15 @@ def options_from_args(args: argparse.Namespace) -> RealBenchOptions:
     bad = [t for t in tasks if t not in TASKS]
     if bad or not tasks:
         raise SystemExit(f"specls bench real: --tasks must be from {', '.join(TASKS)} (got {args.tasks!r})")
+    known = (*SPECLS, *LLAMA, *HF)
+    methods = tuple(m.strip() for m in str(args.methods).split(",") if m.strip())
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise SystemExit(
+            f"specls bench real: unknown --methods {', '.join(unknown)} (from {', '.join(known)})"
+        )
     return RealBenchOptions(
+        methods=methods,
         model=args.model,
         draft=args.draft,
         gguf_target=args.gguf_target,
@@ -548,6 +588,8 @@ def options_from_args(args: argparse.Namespace) -> RealBenchOptions:
         threads=max(1, args.threads),
         hf=args.hf,
         ctx=args.ctx,
+        prefix_chars=args.prefix_chars,
+        suffix_chars=args.suffix_chars,
         json_out=args.json_out,
         markdown=args.markdown,
     )
@@ -563,7 +605,9 @@ def llama_servers(
 ) -> Iterator[dict[str, LlamaClient]]:
     """Start every llama-server configuration (all stopped on exit, whatever happens)."""
     binary = find_llama_server(opt.llama_server)
-    configs = configs or llama_configs(opt.gguf_draft, opt.threads)
+    configs = configs or {
+        m: c for m, c in llama_configs(opt.gguf_draft, opt.threads).items() if m in selected(opt.methods)
+    }
     with ExitStack() as stack:
         clients: dict[str, LlamaClient] = {}
         for name, cfg in configs.items():
@@ -594,7 +638,10 @@ def run_bench(opt: RealBenchOptions) -> int:
         if not Path(f).is_file():
             say(f"specls bench real: no such GGUF file: {f}\n")
             return 2
-    points = make_points(source_files(opt.files), opt.n, opt.seed)
+    points = [
+        cut_context(p, opt.prefix_chars, opt.suffix_chars)
+        for p in make_points(source_files(opt.files), opt.n, opt.seed)
+    ]
     if not points:
         say("specls bench real: no usable source files\n")
         return 2
@@ -624,7 +671,9 @@ def run_bench(opt: RealBenchOptions) -> int:
         except (ImportError, OSError, ValueError) as exc:
             say(f"bench real: HF baselines unavailable ({exc}); going on without them\n")
             hf = None
-    methods = [*SPECLS, *LLAMA, *(HF if hf is not None else ())]
+    chosen = selected(opt.methods)
+    methods = [m for m in (*SPECLS, *LLAMA, *(HF if hf is not None else ())) if m in chosen]
+    engines = {m: e for m, e in engines.items() if m in chosen}
     results: dict[str, dict[str, Cell]] = {t: {m: Cell() for m in methods} for t in opt.tasks}
     eos = sorted(hybrid.models.eos_ids)
     log_dir = Path(tempfile.mkdtemp(prefix="specls-bench-real-"))
@@ -632,7 +681,9 @@ def run_bench(opt: RealBenchOptions) -> int:
         with llama_servers(opt, log_dir) as llama:
             say(
                 f"bench real: {len(points)} points x {', '.join(opt.tasks)}, max {opt.max_tokens} tokens, "
-                f"{opt.threads} thread(s), methods {', '.join(methods)}; llama-server logs in {log_dir}\n"
+                f"{opt.threads} thread(s), methods {', '.join(methods)}; load average "
+                f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
+                f"llama-server logs in {log_dir}\n"
             )
             _warm_up(engines, llama, points[0])
             for i, point in enumerate(points):
@@ -644,7 +695,9 @@ def run_bench(opt: RealBenchOptions) -> int:
     except LlamaError as exc:
         say(f"specls bench real: {exc}\n")
         return 2
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(render_table(results, methods, opt.markdown))
+    print(f"load average at the end: {load} ({os.cpu_count()} cores)")
     print(
         "tok/pass = tokens per target pass; decode tok/s = tokens / decode time (totals over the points); "
         "prefill and e2e ms = medians; identical = equal to its engine's plain greedy (specls: plain, "
@@ -672,6 +725,18 @@ def run_bench(opt: RealBenchOptions) -> int:
     return 0
 
 
+def selected(methods: Sequence[str]) -> set[str]:
+    """The methods to run: all when none are named; specls plain always (its prompt goes to every
+    engine and the ratios are against it) and each named method's reference.
+
+    >>> sorted(selected(["llama-draft"]))
+    ['llama-draft', 'llama-plain', 'plain']
+    """
+    if not methods:
+        return {*SPECLS, *LLAMA, *HF}
+    return {"plain", *methods, *(REFERENCE[m] for m in methods)}
+
+
 def _warm_up(engines: dict[str, Any], llama: dict[str, LlamaClient], point: Point) -> None:
     """First-call allocations, untimed."""
     for name, engine in engines.items():
@@ -695,15 +760,17 @@ def _one_point(
 ) -> str:
     runs: dict[str, Run] = {}
     prompt: list[int] = []
-    for name in SPECLS:  # plain first: it is the reference, and its prompt goes to the others
+    for name in [
+        m for m in SPECLS if m in cells
+    ]:  # plain first: it is the reference, and its prompt goes to the others
         runs[name] = _specls_run(engines[name], point, f"p{i}-{task}-{name}", opt.max_tokens, task)
         if name == "plain":
             prompt = list(engines["plain"].last_prompt)
     stop = ("\n",) if task == "short" else ()
-    for name in LLAMA:
+    for name in [m for m in LLAMA if m in cells]:
         runs[name] = llama[name].complete(prompt, opt.max_tokens, stop)
     if hf is not None:
-        for name in HF:
+        for name in [m for m in HF if m in cells]:
             runs[name] = hf.run(name, prompt, opt.max_tokens, eos, task, hf_tok)
     if task == "short":
         decode = engines["plain"].models.tokenizer.decode

@@ -242,7 +242,22 @@ def test_llama_configs_are_plain_draft_and_ngram() -> None:
     assert list(c) == list(real.LLAMA)
     assert c["llama-plain"].extra == ()
     assert c["llama-ngram"].extra == ("--spec-type", "ngram-simple")
-    assert "-md" in c["llama-draft"].extra and "d.gguf" in c["llama-draft"].extra
+    draft = c["llama-draft"].extra
+    assert draft[draft.index("-md") + 1] == "d.gguf"
+    # wrong: -md alone (build 11434 loads the draft model and drafts nothing without a spec type)
+    assert draft[draft.index("--spec-type") + 1] == "draft-simple"
+
+
+def test_selected_methods_always_carry_plain_and_their_references() -> None:
+    assert real.selected([]) == {*real.SPECLS, *real.LLAMA, *real.HF}
+    assert real.selected(["hybrid"]) == {"plain", "hybrid"}
+    assert real.selected(["llama-ngram", "hf-assisted"]) == {
+        "plain",
+        "llama-ngram",
+        "llama-plain",
+        "hf-assisted",
+        "hf-greedy",
+    }
 
 
 def test_find_llama_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,6 +288,22 @@ def test_end_of_line_and_cut_at_newline() -> None:
     assert cut_at_newline([1, 2, 3, 4], decode) == [1, 2]  # wrong: [1, 2, 3, 4] (tokens past the stop)
     assert cut_at_newline([1, 3], decode) == [1, 3]  # no newline: unchanged
     assert cut_at_newline([], decode) == []
+
+
+@pytest.mark.parametrize(
+    "prefix_chars, suffix_chars, prefix, suffix",
+    [
+        (None, None, "abcdef", "uvwxyz"),  # unchanged
+        (2, 3, "ef", "uvw"),  # wrong: "ab" (the start of the prefix; the cursor is at its end)
+        (0, 0, "", ""),
+        (100, 100, "abcdef", "uvwxyz"),  # longer than the text: all of it
+    ],
+)
+def test_cut_context_keeps_the_text_next_to_the_cursor(
+    prefix_chars: int | None, suffix_chars: int | None, prefix: str, suffix: str
+) -> None:
+    p = real.cut_context(real.Point("f.py", "mid", "abcdef", "uvwxyz", "MID"), prefix_chars, suffix_chars)
+    assert (p.prefix, p.suffix, p.middle, p.kind) == (prefix, suffix, "MID", "mid")
 
 
 # -- the table -------------------------------------------------------------------------------------
@@ -395,6 +426,15 @@ def test_bench_real_is_registered() -> None:
     )
     with pytest.raises(SystemExit, match="--tasks"):
         real.options_from_args(bad)
+    base = ["bench", "real", "--gguf-target", "t", "--gguf-draft", "d"]
+    assert real.options_from_args(
+        build_parser().parse_args([*base, "--methods", "hybrid, llama-draft"])
+    ).methods == (
+        "hybrid",
+        "llama-draft",
+    )
+    with pytest.raises(SystemExit, match="unknown --methods"):
+        real.options_from_args(build_parser().parse_args([*base, "--methods", "turbo"]))
 
 
 # -- the whole run: bundled specls pair + the stub llama-server binary -------------------------------
@@ -429,6 +469,30 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
     assert any("ngram-simple" in a for a in launched) and any("-md" in a for a in launched)
     table = capsys.readouterr().out
     assert "llama-ngram" in table and "hybrid" in table
+
+
+@pytest.mark.slow
+def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> None:
+    binary, argv_log = _stub_binary(tmp_path, "ok")
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    (tmp_path / "d.gguf").write_bytes(b"GGUF")
+    out = tmp_path / "real.json"
+    opt = real.RealBenchOptions(
+        gguf_target=str(tmp_path / "t.gguf"),
+        gguf_draft=str(tmp_path / "d.gguf"),
+        llama_server=binary,
+        n=1,
+        max_tokens=4,
+        tasks=("short",),
+        methods=("llama-ngram",),
+        prefix_chars=200,
+        suffix_chars=50,
+        json_out=str(out),
+    )
+    assert real.run_bench(opt) == 0
+    assert set(json.loads(out.read_text())["results"]["short"]) == {"plain", "llama-plain", "llama-ngram"}
+    launched = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    assert len(launched) == 2 and not any("-md" in a for a in launched)
 
 
 def test_docstring_examples_hold() -> None:
