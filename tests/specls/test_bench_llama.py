@@ -1,0 +1,502 @@
+"""`specls bench real`: the llama-server client and process handling against stub servers written
+here (no llama.cpp in CI), and the table / ratio code on fake results."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specls.bench import real
+from specls.bench.real import (
+    Cell,
+    LlamaClient,
+    LlamaConfig,
+    LlamaError,
+    LlamaServer,
+    Run,
+    cut_at_newline,
+    end_of_line,
+    find_llama_server,
+    llama_configs,
+    parse_completion,
+    ratios,
+    record,
+    render_table,
+    summarize,
+)
+
+# -- a stub llama-server in this process -----------------------------------------------------------
+
+
+class _Stub:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.status = 200
+        self.reply: bytes | None = None  # None = a well-formed answer built from the request
+
+
+def _answer(body: dict[str, Any]) -> dict[str, Any]:
+    """What the stub (and the stub binary below) answer: the prompt's last n_predict ids, reversed,
+    as if 2 drafts of 3 were accepted."""
+    toks = list(reversed(body["prompt"]))[: body["n_predict"]]
+    return {
+        "content": "x",
+        "tokens": toks,
+        "timings": {
+            "prompt_n": len(body["prompt"]),
+            "prompt_ms": 12.5,
+            "predicted_n": len(toks),
+            "predicted_ms": 40.0,
+            "draft_n": 3,
+            "draft_n_accepted": 2,
+        },
+    }
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[_Stub, str]]:
+    state = _Stub()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(b'{"status":"ok"}')
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.bodies.append(body)
+            data = state.reply if state.reply is not None else json.dumps(_answer(body)).encode()
+            self.send_response(state.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_client_sends_token_ids_greedy_uncached_and_reads_timings(stub: tuple[_Stub, str]) -> None:
+    state, url = stub
+    client = LlamaClient(url, timeout_s=30)
+    assert client.healthy()
+    r = client.complete([10, 11, 12, 13], 3, stop=("\n",))
+    body = state.bodies[-1]
+    # the same prompt *token ids* specls built (a string would be re-tokenized by llama.cpp)
+    assert body["prompt"] == [10, 11, 12, 13]
+    assert body["n_predict"] == 3
+    assert body["cache_prompt"] is False  # a cached prompt would make prefill_ms ~0
+    assert body["temperature"] == 0.0 and body["top_k"] == 1  # greedy
+    assert body["return_tokens"] is True and body["stream"] is False
+    assert body["stop"] == ["\n"]
+    assert r.tokens == [13, 12, 11]
+    assert r.prefill_ms == 12.5 and r.decode_ms == 40.0
+    assert (r.drafted, r.accepted) == (3, 2)
+    assert r.passes == 1  # 3 tokens, 2 of them accepted drafts: one pass (not 3, not 0)
+    assert r.e2e_ms > 0
+
+
+def test_client_http_error_and_garbage_are_clear_errors(stub: tuple[_Stub, str]) -> None:
+    state, url = stub
+    client = LlamaClient(url, timeout_s=30)
+    state.status, state.reply = 400, b'{"error":"prompt too long"}'
+    with pytest.raises(LlamaError, match="HTTP 400.*prompt too long"):
+        client.complete([1, 2], 4)
+    state.status, state.reply = 200, b"not json"
+    with pytest.raises(LlamaError, match="unexpected answer"):
+        client.complete([1, 2], 4)
+    state.reply = b'{"content": "x"}'  # no tokens, no timings
+    with pytest.raises(LlamaError, match="unexpected answer"):
+        client.complete([1, 2], 4)
+
+
+def test_client_unreachable_is_an_error_and_not_healthy() -> None:
+    client = LlamaClient(f"http://127.0.0.1:{real.free_port()}", timeout_s=5)
+    assert not client.healthy()
+    with pytest.raises(LlamaError, match="failed"):
+        client.complete([1], 1)
+
+
+@pytest.mark.parametrize(
+    "timings, passes",
+    [
+        ({"prompt_ms": 1.0, "predicted_n": 8, "predicted_ms": 2.0}, 8),  # plain: one token per pass
+        ({"prompt_ms": 1.0, "predicted_n": 8, "predicted_ms": 2.0, "draft_n": 9, "draft_n_accepted": 6}, 2),
+        ({"prompt_ms": 1.0, "predicted_n": 0, "predicted_ms": 0.0}, 0),  # nothing generated: no pass
+    ],
+)
+def test_parse_completion_passes(timings: dict[str, float], passes: int) -> None:
+    # wrong answer 8 for the draft row: counting every token as a pass ignores the accepted drafts
+    n = int(timings["predicted_n"])
+    assert parse_completion({"tokens": list(range(n)), "timings": timings}, 1.0).passes == passes
+
+
+# -- the llama-server process (a stub binary that speaks the same HTTP) ------------------------------
+
+_STUB_BINARY = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+argv = sys.argv[1:]
+with open({argv_log!r}, "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+if {mode!r} == "crash":
+    print("error: failed to load model", flush=True)
+    sys.exit(3)
+port = int(argv[argv.index("--port") + 1])
+answer = {answer}
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200 if {mode!r} == "ok" else 503)
+        self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        data = json.dumps(answer(body)).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _answer_src() -> str:
+    return (
+        "lambda b: {'tokens': list(reversed(b['prompt']))[: b['n_predict']], 'timings': "
+        "{'prompt_ms': 5.0, 'predicted_n': min(b['n_predict'], len(b['prompt'])), 'predicted_ms': 9.0}}"
+    )
+
+
+def _stub_binary(tmp_path: Path, mode: str) -> tuple[str, Path]:
+    path = tmp_path / f"llama-server-{mode}"
+    argv_log = tmp_path / f"argv-{mode}.jsonl"
+    path.write_text(
+        _STUB_BINARY.format(python=sys.executable, argv_log=str(argv_log), mode=mode, answer=_answer_src())
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path), argv_log
+
+
+def _server(binary: str, tmp_path: Path, config: LlamaConfig, timeout_s: float = 60.0) -> LlamaServer:
+    return LlamaServer(binary, "target.gguf", config, 1, 2048, timeout_s, 30.0, tmp_path)
+
+
+def test_server_starts_on_loopback_with_our_threads_and_stops(tmp_path: Path) -> None:
+    binary, argv_log = _stub_binary(tmp_path, "ok")
+    config = llama_configs("draft.gguf", 1)["llama-draft"]
+    server = _server(binary, tmp_path, config)
+    server.start()
+    try:
+        r = server.client.complete([1, 2, 3], 2)
+        assert r.tokens == [3, 2]
+        argv = json.loads(argv_log.read_text().splitlines()[-1])
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"
+        assert argv[argv.index("--port") + 1] == str(server.port)
+        assert argv[argv.index("-m") + 1] == "target.gguf"
+        assert argv[argv.index("-md") + 1] == "draft.gguf"
+        for flag in ("-t", "-tb", "-td", "-tbd"):  # every thread pool pinned to the bench's count
+            assert argv[argv.index(flag) + 1] == "1"
+    finally:
+        server.stop()
+    assert not server.client.healthy()  # the process is gone
+    server.stop()  # twice is harmless
+
+
+def test_server_that_exits_reports_its_output(tmp_path: Path) -> None:
+    binary, _ = _stub_binary(tmp_path, "crash")
+    server = _server(binary, tmp_path, LlamaConfig("llama-plain"))
+    with pytest.raises(LlamaError, match="exited with 3.*failed to load model"):
+        server.start()
+
+
+def test_server_never_ready_is_stopped_and_reported(tmp_path: Path) -> None:
+    binary, _ = _stub_binary(tmp_path, "loading")  # /health answers 503 forever
+    server = _server(binary, tmp_path, LlamaConfig("llama-plain"), timeout_s=1.0)
+    with pytest.raises(LlamaError, match="not ready"):
+        server.start()
+    assert server._proc is None  # stopped, not left running
+
+
+def test_llama_configs_are_plain_draft_and_ngram() -> None:
+    c = llama_configs("d.gguf", 2)
+    assert list(c) == list(real.LLAMA)
+    assert c["llama-plain"].extra == ()
+    assert c["llama-ngram"].extra == ("--spec-type", "ngram-simple")
+    draft = c["llama-draft"].extra
+    assert draft[draft.index("-md") + 1] == "d.gguf"
+    # wrong: -md alone (build 11434 loads the draft model and drafts nothing without a spec type)
+    assert draft[draft.index("--spec-type") + 1] == "draft-simple"
+
+
+def test_selected_methods_always_carry_plain_and_their_references() -> None:
+    assert real.selected([]) == {*real.SPECLS, *real.LLAMA, *real.HF}
+    assert real.selected(["hybrid"]) == {"plain", "hybrid"}
+    assert real.selected(["llama-ngram", "hf-assisted"]) == {
+        "plain",
+        "llama-ngram",
+        "llama-plain",
+        "hf-assisted",
+        "hf-greedy",
+    }
+
+
+def test_find_llama_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(LlamaError, match="not found"):
+        find_llama_server(str(tmp_path / "missing"))
+    binary, _ = _stub_binary(tmp_path, "ok")
+    assert find_llama_server(binary) == binary
+    monkeypatch.setenv("SPECLS_LLAMA_SERVER", binary)
+    assert find_llama_server(None) == binary
+    monkeypatch.setenv("SPECLS_LLAMA_SERVER", str(tmp_path / "missing"))
+    monkeypatch.setattr(real, "LLAMA_CACHE_BIN", tmp_path / "nothing")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(LlamaError, match="build-llama-server.sh"):
+        find_llama_server(None)
+
+
+# -- stops ---------------------------------------------------------------------------------------
+
+
+def test_end_of_line_and_cut_at_newline() -> None:
+    assert end_of_line("abc\ndef") == 3
+    assert end_of_line("abc") is None
+    text = {1: "ab", 2: "c\nd", 3: "e", 4: "\n"}
+
+    def decode(ts: Any) -> str:
+        return "".join(text[t] for t in ts)
+
+    assert cut_at_newline([1, 2, 3, 4], decode) == [1, 2]  # wrong: [1, 2, 3, 4] (tokens past the stop)
+    assert cut_at_newline([1, 3], decode) == [1, 3]  # no newline: unchanged
+    assert cut_at_newline([], decode) == []
+
+
+@pytest.mark.parametrize(
+    "prefix_chars, suffix_chars, prefix, suffix",
+    [
+        (None, None, "abcdef", "uvwxyz"),  # unchanged
+        (2, 3, "ef", "uvw"),  # wrong: "ab" (the start of the prefix; the cursor is at its end)
+        (0, 0, "", ""),
+        (100, 100, "abcdef", "uvwxyz"),  # longer than the text: all of it
+    ],
+)
+def test_cut_context_keeps_the_text_next_to_the_cursor(
+    prefix_chars: int | None, suffix_chars: int | None, prefix: str, suffix: str
+) -> None:
+    p = real.cut_context(real.Point("f.py", "mid", "abcdef", "uvwxyz", "MID"), prefix_chars, suffix_chars)
+    assert (p.prefix, p.suffix, p.middle, p.kind) == (prefix, suffix, "MID", "mid")
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def _run(n: int, prefill: float, decode: float, passes: int, e2e: float, first: int = 1) -> Run:
+    return Run(list(range(first, first + n)), e2e, prefill, decode, passes)
+
+
+def test_record_counts_identical_and_the_first_divergence() -> None:
+    cell = Cell()
+    ref = Run([1, 2, 3, 4], 1.0, 0.0, 1.0, 4)
+    record(cell, Run([1, 2, 3, 4], 1.0, 0.0, 1.0, 2), ref)
+    record(cell, Run([1, 2, 9, 9], 1.0, 0.0, 1.0, 2), ref)
+    record(cell, Run([1, 2], 1.0, 0.0, 1.0, 1), ref)  # a prefix is not identical
+    assert (cell.identical, cell.compared) == (1, 3)
+    assert [d["position"] for d in cell.first_divergence] == [2, 2]
+    assert cell.first_divergence[0]["got"] == [9, 9]
+    record(cell, Run([5], 1.0, 0.0, 1.0, 1), None)  # the reference itself
+    assert cell.identical == 2
+
+
+def test_summarize_uses_totals_for_rates_and_medians_for_latency() -> None:
+    cell = Cell()
+    record(cell, _run(64, 100.0, 6400.0, 16, 7000.0), None)
+    record(cell, _run(2, 300.0, 200.0, 2, 600.0), None)
+    record(cell, _run(4, 200.0, 400.0, 1, 700.0), None)
+    s = summarize(cell)
+    # wrong answers: mean of per-point rates (4+1+4)/3 = 3.0 tok/pass; (10+10+10)/3 tok/s ... equal here
+    assert s["tokens_per_pass"] == pytest.approx(70 / 19)
+    assert s["decode_tok_s"] == pytest.approx(1e3 * 70 / 7000.0)
+    assert s["prefill_ms"] == 200.0 and s["e2e_ms"] == 700.0
+    assert s["e2e_total_ms"] == 8300.0
+    assert s["identical"] == 1.0
+
+
+def test_summarize_without_a_prefill_split_reports_end_to_end_only() -> None:
+    cell = Cell()
+    record(cell, Run([1, 2], 500.0, 0.0, 500.0, 0), None)  # HF generate: no passes, no split
+    s = summarize(cell)
+    assert s["tokens_per_pass"] is None and s["decode_tok_s"] is None and s["prefill_ms"] is None
+    assert s["e2e_ms"] == 500.0
+
+
+def test_ratios_against_specls_plain() -> None:
+    nums: dict[str, dict[str, float | None]] = {
+        "plain": {"decode_tok_s": 5.0, "e2e_total_ms": 1000.0},
+        "hybrid": {"decode_tok_s": 12.5, "e2e_total_ms": 400.0},
+        "hf-greedy": {"decode_tok_s": None, "e2e_total_ms": 4000.0},
+    }
+    r = ratios(nums)
+    assert r["plain"] == {"decode_x": 1.0, "e2e_x": 1.0}
+    assert r["hybrid"] == {"decode_x": 2.5, "e2e_x": 2.5}  # wrong: 0.4 (time ratio upside down)
+    assert r["hf-greedy"] == {"decode_x": None, "e2e_x": 0.25}
+
+
+def _fake_results() -> dict[str, dict[str, Cell]]:
+    results: dict[str, dict[str, Cell]] = {}
+    for task, scale in (("64", 1.0), ("short", 0.25)):
+        cells = {m: Cell() for m in ("plain", "hybrid", "llama-plain", "llama-ngram")}
+        plain = _run(int(64 * scale), 1000.0, 8000.0 * scale, int(64 * scale), 9000.0 * scale)
+        record(cells["plain"], plain, None)
+        record(cells["hybrid"], _run(int(64 * scale), 1000.0, 2000.0 * scale, int(16 * scale), 3000.0), plain)
+        lp = _run(int(64 * scale), 900.0, 8000.0 * scale, int(64 * scale), 8900.0 * scale, first=100)
+        record(cells["llama-plain"], lp, None)
+        record(cells["llama-ngram"], _run(3, 900.0, 300.0, 3, 1200.0, first=200), lp)
+        results[task] = cells
+    return results
+
+
+def test_render_table_rows_ratios_and_identical() -> None:
+    methods = ["plain", "lookup", "hybrid", "llama-plain", "llama-ngram"]  # lookup not run: no row
+    text = render_table(_fake_results(), methods)
+    rows = {tuple(line.split()[:2]): line.split() for line in text.splitlines()[2:]}
+    assert set(rows) == {
+        (t, m) for t in ("64", "short") for m in ("plain", "hybrid", "llama-plain", "llama-ngram")
+    }
+    plain, hybrid, ngram = rows[("64", "plain")], rows[("64", "hybrid")], rows[("64", "llama-ngram")]
+    assert plain[2:4] == ["1.00", "8.00"] and plain[-2:] == ["1.00x", "1.00x"]
+    assert hybrid[2] == "4.00" and hybrid[3] == "32.00"
+    assert hybrid[-2:] == ["4.00x", "3.00x"]  # decode 32/8, e2e 9000/3000
+    assert hybrid[6] == "100%"
+    assert ngram[6] == "0%"  # different tokens from llama-plain
+    short = rows[("short", "hybrid")]
+    assert short[-2] == "4.00x"  # against the short class's own plain, not the 64-token one
+    md = render_table(_fake_results(), methods, markdown=True)
+    assert md.splitlines()[0].startswith("| task | method |") and md.splitlines()[1].startswith("|---")
+    assert "| 64 | hybrid | 4.00 | 32.00 |" in md
+
+
+def test_bench_real_is_registered() -> None:
+    from specls.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "real", "--model", "m", "--draft", "d", "--gguf-target", "t.gguf", "--gguf-draft", "d.gguf"]
+    )
+    opt = real.options_from_args(args)
+    assert (opt.model, opt.gguf_draft, opt.threads, opt.tasks, opt.hf) == (
+        "m",
+        "d.gguf",
+        1,
+        ("64", "short"),
+        False,
+    )
+    bad = build_parser().parse_args(
+        [
+            "bench",
+            "real",
+            "--model",
+            "m",
+            "--draft",
+            "d",
+            "--gguf-target",
+            "t",
+            "--gguf-draft",
+            "d",
+            "--tasks",
+            "long",
+        ]
+    )
+    with pytest.raises(SystemExit, match="--tasks"):
+        real.options_from_args(bad)
+    base = ["bench", "real", "--gguf-target", "t", "--gguf-draft", "d"]
+    assert real.options_from_args(
+        build_parser().parse_args([*base, "--methods", "hybrid, llama-draft"])
+    ).methods == (
+        "hybrid",
+        "llama-draft",
+    )
+    with pytest.raises(SystemExit, match="unknown --methods"):
+        real.options_from_args(build_parser().parse_args([*base, "--methods", "turbo"]))
+
+
+# -- the whole run: bundled specls pair + the stub llama-server binary -------------------------------
+
+
+@pytest.mark.slow
+def test_bench_real_end_to_end_with_a_stub_llama_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    binary, argv_log = _stub_binary(tmp_path, "ok")
+    gguf_t, gguf_d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    gguf_t.write_bytes(b"GGUF")
+    gguf_d.write_bytes(b"GGUF")
+    out = tmp_path / "real.json"
+    opt = real.RealBenchOptions(
+        gguf_target=str(gguf_t),
+        gguf_draft=str(gguf_d),
+        llama_server=binary,
+        n=2,
+        max_tokens=8,
+        json_out=str(out),
+    )
+    assert real.run_bench(opt) == 0
+    data = json.loads(out.read_text())
+    for task in ("64", "short"):
+        for m in real.SPECLS:
+            assert data["results"][task][m]["identical"] == 1.0  # speculation == plain greedy
+        assert data["results"][task]["llama-plain"]["identical"] == 1.0
+        assert data["results"][task]["plain"]["decode_x"] == 1.0
+    launched = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    assert len(launched) == 3  # one server per llama configuration
+    assert any("ngram-simple" in a for a in launched) and any("-md" in a for a in launched)
+    table = capsys.readouterr().out
+    assert "llama-ngram" in table and "hybrid" in table
+
+
+@pytest.mark.slow
+def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> None:
+    binary, argv_log = _stub_binary(tmp_path, "ok")
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    (tmp_path / "d.gguf").write_bytes(b"GGUF")
+    out = tmp_path / "real.json"
+    opt = real.RealBenchOptions(
+        gguf_target=str(tmp_path / "t.gguf"),
+        gguf_draft=str(tmp_path / "d.gguf"),
+        llama_server=binary,
+        n=1,
+        max_tokens=4,
+        tasks=("short",),
+        methods=("llama-ngram",),
+        prefix_chars=200,
+        suffix_chars=50,
+        json_out=str(out),
+    )
+    assert real.run_bench(opt) == 0
+    assert set(json.loads(out.read_text())["results"]["short"]) == {"plain", "llama-plain", "llama-ngram"}
+    launched = [json.loads(line) for line in argv_log.read_text().splitlines()]
+    assert len(launched) == 2 and not any("-md" in a for a in launched)
+
+
+def test_docstring_examples_hold() -> None:
+    import doctest
+
+    result = doctest.testmod(real)
+    assert result.attempted >= 5 and result.failed == 0
