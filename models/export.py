@@ -311,7 +311,7 @@ def _quantize_dir(
         for i, graph in enumerate(graphs):
             progress(f"quantizing {graph} to {quant.bits} bits", 0.65 + 0.05 * i)
             try:
-                r = quantize_graph(out_dir / graph, stage / graph, quant)
+                r = quantize_graph(out_dir / graph, stage / graph, quant, spec.logits_name)
             except QuantizeError as exc:
                 raise fail(str(exc)) from None
             report.setdefault("quantized", {})[graph] = asdict(r)

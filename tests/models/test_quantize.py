@@ -194,7 +194,7 @@ def test_int8_plain_graph(
 
 def test_quantize_options_and_errors(exported: dict[str, Path], tmp_path: Path) -> None:
     assert options_for("none") is None
-    assert options_for("int4") == QuantizeOptions(bits=4)
+    assert options_for("int4") == QuantizeOptions(bits=4, head_bits=8)  # Not a 4-bit LM head
     assert options_for("int8") == QuantizeOptions(bits=8, embedding=False)
     with pytest.raises(QuantizeError, match="quantize must be"):
         options_for("int3")
