@@ -340,13 +340,15 @@ def _quantize_dir(
             report["agreement"] = asdict(result)
             report["agreement_floor"] = agree.min_top1
             log.info("%s vs unquantized: %s", spec.onnx_file, result.summary())
-            if not result.top1 >= agree.min_top1:
+            if not result.worst_top1 >= agree.min_top1:
                 for graph in graphs:  # neither the unquantized nor the quantized graph stays
                     for f in out_dir.glob(f"{graph}*"):
                         f.unlink()
+                where = "FIM-prompt" if result.worst_top1 != result.top1 else "held-out"
+                npos = result.fim_positions if where == "FIM-prompt" else result.positions
                 raise fail(
                     f"{out_dir}: the {quant.bits}-bit graph agrees with the unquantized one on only "
-                    f"{100 * result.top1:.1f}% of {result.positions} held-out positions (floor "
+                    f"{100 * result.worst_top1:.1f}% of {npos} {where} positions (floor "
                     f"{100 * agree.min_top1:.0f}%; mean KL {result.mean_kl:.4f}, mean |Δlogit| "
                     f"{result.mean_abs_dlogit:.3f}); {SPEC_FILE} was not written"
                 )
