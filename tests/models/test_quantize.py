@@ -111,8 +111,8 @@ def test_corrupted_quantization_fails_with_the_figure(
 
     real = export_mod.quantize_graph
 
-    def zero_scales(src: Path, dst: Path, options: QuantizeOptions):  # type: ignore[no-untyped-def]
-        report = real(src, dst, options)
+    def zero_scales(src: Path, dst: Path, options: QuantizeOptions, logits_name: str):  # type: ignore[no-untyped-def]
+        report = real(src, dst, options, logits_name)
         model = onnx.load(str(dst))
         for i, t in enumerate(model.graph.initializer):
             if t.name.endswith("_scales"):
