@@ -79,8 +79,8 @@ def options_for(mode: str) -> QuantizeOptions | None:
     return QuantizeOptions(bits=4, head_bits=8)
 
 
-def _initializer_bytes(model: Any) -> int:
-    return sum(len(t.raw_data) or t.ByteSize() for t in model.graph.initializer)
+# ONNX data type -> bytes per element (for the weight bytes before quantization, read from dims)
+_ITEMSIZE = {1: 4, 10: 2, 16: 2, 11: 8, 7: 8, 6: 4}
 
 
 def _fold_weight_transposes(model: Any) -> int:
@@ -141,64 +141,123 @@ def _head_matmul(model: Any, logits_name: str) -> str | None:
     return str(node.name)
 
 
+def _load_tensor(tensor: Any, base_dir: Path) -> None:
+    """Read one initializer's external data into the proto (and mark it inline)."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    if uses_external_data(tensor):
+        load_external_data_for_tensor(tensor, str(base_dir))
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
 def quantize_graph(
     src: Path, dst: Path, options: QuantizeOptions, logits_name: str = "logits"
 ) -> QuantizeReport:
     """Quantize the graph ``src`` (with its external data) into ``dst`` (a new file; weights as
     ``dst.name + '.data'`` beside it when they pass the protobuf limit). ``src`` is left untouched.
 
+    Streams: the graph is read without its weights, and each weight is read, quantized by ORT's
+    ``DefaultWeightOnlyQuantizer`` (what ``MatMulNBitsQuantizer`` runs per node) and dropped in
+    turn, so memory holds the quantized weights plus one fp32 tensor (the 1.5B: 1.2 GB + 0.9 GB,
+    where ``MatMulNBitsQuantizer`` on the whole model held all 7.1 GB of fp32 weights too).
+
     Raises QuantizeError when the graph cannot be read or written, or when no MatMul was quantized.
     """
     import onnx
+    from onnx import helper
 
-    MatMulNBitsQuantizer = _import_quantizer()
+    _import_quantizer()
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
     src, dst = Path(src), Path(dst)
     if options.bits not in (4, 8):
         raise QuantizeError(f"bits must be 4 or 8, not {options.bits}")
     if options.embedding and options.bits != 4:
         raise QuantizeError("the embedding table can only be quantized to 4 bits (GatherBlockQuantized)")
+    head_bits = options.bits if options.head_bits is None else options.head_bits
+    if head_bits not in (0, 4, 8):
+        raise QuantizeError(f"head_bits must be 0, 4 or 8, not {head_bits}")
     try:
-        model = onnx.load(str(src))
+        model = onnx.load(str(src), load_external_data=False)
     except Exception as exc:
         raise QuantizeError(f"{src}: cannot load the ONNX graph ({type(exc).__name__}: {exc})") from None
-    before = _initializer_bytes(model)
+    g = model.graph
+    before = sum(int(np.prod(t.dims)) * _ITEMSIZE.get(t.data_type, 4) for t in g.initializer)
+    producer = {out: node for node in g.node for out in node.output}
+    for node in g.node:  # a tied head traced as MatMul(x, Transpose(embed)): fold needs the data
+        t = producer.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        if t is not None and t.op_type == "Transpose":
+            for init in g.initializer:
+                if init.name == t.input[0]:
+                    _load_tensor(init, src.parent)
     folded = _fold_weight_transposes(model)
     if folded:
         log.info("%s: folded %d weight transposes into initializers", src, folded)
     head = _head_matmul(model, logits_name)
-    head_bits = options.bits if options.head_bits is None else options.head_bits
-    if head_bits not in (0, 4, 8):
-        raise QuantizeError(f"head_bits must be 0, 4 or 8, not {head_bits}")
-    ops = ("MatMul", "Gather") if options.embedding else ("MatMul",)
-    passes = [(options.bits, ops, [head] if head and head_bits != options.bits else [])]
-    if head and head_bits not in (0, options.bits):
-        passes.append((head_bits, ("MatMul",), []))  # only the head is left as a constant-weight MatMul
-    out = model
-    del model
-    for bits, op_types, exclude in passes:
-        quantizer = MatMulNBitsQuantizer(
-            out,
-            bits=bits,
-            block_size=options.block_size,
-            is_symmetric=options.symmetric,
-            accuracy_level=options.accuracy_level or None,
-            op_types_to_quantize=op_types,
-            nodes_to_exclude=exclude,
-            # axis of the blocks: MatMul weights [K, N] along K; the embedding [vocab, hidden] along hidden
-            quant_axes=(("MatMul", 0), ("Gather", 1)),
+
+    def quantizer(bits: int) -> Any:
+        return DefaultWeightOnlyQuantizer(
+            DefaultWeightOnlyQuantConfig(
+                block_size=options.block_size,
+                is_symmetric=options.symmetric,
+                accuracy_level=options.accuracy_level or None,
+                # axis of the blocks: MatMul weights [K, N] along K; the embedding [vocab, hidden] along hidden
+                quant_axes=(("MatMul", 0), ("Gather", 1)),
+                bits=bits,
+            )
         )
-        del out  # the quantizer holds the only reference: the fp32 weights go when it drops them
-        try:
-            quantizer.process()
-        except Exception as exc:
-            raise QuantizeError(f"{src}: quantization failed ({type(exc).__name__}: {exc})") from None
-        out = quantizer.model.model
-        del quantizer
+
+    body, head_q = quantizer(options.bits), quantizer(head_bits) if head_bits else None
+    inits = {t.name: t for t in g.initializer}
+    uses = Counter(i for n in g.node for i in n.input)
+    new_nodes: list[Any] = []
+    gather_quantized = False
+    try:
+        for node in list(g.node):
+            q, weight = None, None
+            if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+                q, weight = (head_q if node.name == head else body), node.input[1]
+            elif node.op_type == "Gather" and options.embedding and node.input[0] in inits:
+                if len(inits[node.input[0]].dims) == 2:
+                    q, weight = body, node.input[0]
+            if q is None or weight is None:
+                new_nodes.append(node)
+                continue
+            tensor = inits[weight]
+            _load_tensor(tensor, src.parent)
+            out_nodes = q.quantize(node, [g])
+            new_nodes.extend(out_nodes)
+            if out_nodes != [node]:
+                gather_quantized |= node.op_type == "Gather"
+                uses[weight] -= 1
+                if uses[weight] == 0:  # the fp32 weight is gone from the graph: free it now
+                    g.initializer.remove(tensor)
+                    del inits[weight]
+        for t in g.initializer:  # what stays unquantized (norms, biases, a kept embedding) goes inline
+            _load_tensor(t, src.parent)
+    except Exception as exc:
+        raise QuantizeError(f"{src}: quantization failed ({type(exc).__name__}: {exc})") from None
+    g.ClearField("node")
+    g.node.extend(new_nodes)
+    domains = {o.domain: o for o in model.opset_import}
+    if "com.microsoft" not in domains:
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if gather_quantized:  # int4 tensors (GatherBlockQuantized's data) need opset 21 and IR 10
+        for o in model.opset_import:
+            if o.domain in ("", "ai.onnx") and o.version < 21:
+                o.version = 21
+        model.ir_version = max(model.ir_version, 10)
+    out = model
     counts = Counter(n.op_type for n in out.graph.node)
     quantized = {op: counts[op] for op in ("MatMulNBits", "GatherBlockQuantized") if counts[op]}
     if not quantized.get("MatMulNBits"):
         raise QuantizeError(f"{src}: no MatMul with a constant weight was found to quantize")
-    after = _initializer_bytes(out)
+    after = sum(len(t.raw_data) for t in out.graph.initializer)
     dst.parent.mkdir(parents=True, exist_ok=True)
     data = dst.with_name(f"{dst.name}.data")
     data.unlink(missing_ok=True)  # onnx appends to an existing data file
