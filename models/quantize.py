@@ -229,8 +229,14 @@ def quantize_graph(
                 new_nodes.append(node)
                 continue
             tensor = inits[weight]
-            _load_tensor(tensor, src.parent)
-            out_nodes = q.quantize(node, [g])
+            # the fp32 data goes into a scratch graph freed after this node: protobuf keeps a
+            # message's memory until its root is freed, so loading into ``g`` would hold every weight
+            scratch = onnx.GraphProto()
+            scratch.initializer.add().CopyFrom(tensor)
+            _load_tensor(scratch.initializer[0], src.parent)
+            out_nodes = q.quantize(node, [scratch])
+            g.initializer.extend(t for t in scratch.initializer if t.name != weight)
+            del scratch
             new_nodes.extend(out_nodes)
             if out_nodes != [node]:
                 gather_quantized |= node.op_type == "Gather"
