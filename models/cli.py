@@ -51,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("auto", "int4", "int8", "none"),
         default="auto",
         help="weight-only quantization of every MatMul (LM head included) with ONNX Runtime's MatMulNBits "
-        "(auto: int4 for --dtype fp32, the CPU graph; none for fp16, the CUDA graph). A quantized graph "
+        "(auto: int4 for --dtype fp32, the CPU graph, for models of 50M+ weights; none for fp16, the CUDA "
+        "graph). A quantized graph "
         "must agree with the unquantized one on held-out code or the export fails",
     )
     p.add_argument(
@@ -118,7 +119,11 @@ def _quiet_into(log_path: Path) -> Iterator[TextIO]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    bar_stream = os.fdopen(os.dup(2), "w", buffering=1)
+    try:  # the real stderr: the bar writes to a copy of its descriptor, which stays the terminal
+        bar_stream: TextIO = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+        own_bar = True
+    except (AttributeError, OSError, ValueError):  # a replaced sys.stderr (tests): write to it
+        bar_stream, own_bar = sys.stderr, False
     saved = os.dup(1), os.dup(2)
     root = logging.getLogger()
     old_level, old_handlers = root.level, list(root.handlers)
@@ -147,7 +152,8 @@ def _quiet_into(log_path: Path) -> Iterator[TextIO]:
             for h in old_handlers:
                 root.addHandler(h)
             root.setLevel(old_level)
-            bar_stream.close()
+            if own_bar:
+                bar_stream.close()
 
 
 def _gb(n: float) -> str:
@@ -201,8 +207,9 @@ def _export_cmd(args: argparse.Namespace) -> int:
     ]
     verify = report.get("verify")
     if isinstance(verify, dict):
-        worst = max(verify.get("max_abs_diff", {}).values(), default=float("nan"))
-        parts.append(f"vs torch max |Δlogit| {worst:.2g}")
+        diffs = verify.get("max_abs_diff", {})
+        each = ", ".join(f"{k} {v:.2g}" for k, v in diffs.items())
+        parts.append(f"vs torch max |Δlogit| {max(diffs.values(), default=float('nan')):.2g} ({each})")
     agree = report.get("agreement")
     if isinstance(agree, dict):
         parts.append(
