@@ -8,9 +8,9 @@ Held-out code: the stdlib test files (``models.data.split_corpus().heldout``), c
 window's earlier tokens as context. For a model with a FIM template, half of the positions come from
 fill-in-the-middle prompts built from the same files (``fim_windows``), scored on their own too and
 held to the same floor. Known blind spot: this is teacher-forced scoring. A 4-bit LM head on
-Qwen2.5-Coder-1.5B scored 90.0% here (FIM 90.0%; the shipped 8-bit head: 90.2% / 90.4%) yet its
-greedy FIM completions fell into ``<|fim_pad|>`` after two tokens; a check on generated text
-would be needed to catch that (not built).
+Qwen2.5-Coder-1.5B scored 90.0% here (FIM 90.0%; the shipped 8-bit head: 90.2% / 90.4%) yet turned
+one greedy FIM completion that fp32 got right into ``<|fim_pad|>``; a check on generated text would
+be needed to see such flips (not built).
 """
 
 from __future__ import annotations
