@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from specls.decoder.api import EngineError
+from specls.models.agreement import AgreementOptions
 from specls.models.fim import NO_FIM, PRESETS, FimTemplate, detect_template, fit_template
 from specls.models.gguf import GgufError, find_gguf, load_gguf_model, load_gguf_tokenizer
+from specls.models.quantize import QUANTIZE_MODES, QuantizeError, QuantizeOptions, options_for, quantize_graph
 from specls.models.spec import LOGITS_TO_KEEP, SPEC_FILE, ModelSpec, kv_names
 from specls.models.tokenizer import Tokenizer
 
@@ -71,6 +73,15 @@ class ExportOptions:
     # a fused (batch-1) export also writes model.batch.onnx, the plain graph with a dynamic batch axis,
     # and names it in specls.json's batch_onnx_file (nothing extra for plain exports: already batched)
     batch_graph: bool = False
+    # weight-only quantization of every constant-weight MatMul (LM head included) with ORT's
+    # MatMulNBits: "none" | "int4" | "int8" | "auto" (see resolve_quantize). The library default stays
+    # "none" (the bundled pair and the tests); the CLI's default is "auto".
+    quantize: str = "none"
+    quant_block_size: int = QuantizeOptions.block_size
+    quant_accuracy_level: int = QuantizeOptions.accuracy_level
+    quantize_embedding: bool = QuantizeOptions.embedding  # int4 only: GatherBlockQuantized
+    # how a quantized graph is checked against the unquantized one (held-out code, top-1 floor)
+    agreement: AgreementOptions = AgreementOptions()
 
 
 @dataclass(frozen=True)
@@ -163,8 +174,15 @@ def export_model(
 ) -> Path:
     """Export ``source`` into ``out_dir`` (created; existing files there are replaced). Returns out_dir.
 
-    Raises ExportError on a bad source, a failed trace, or (with ``options.verify``) ORT logits
-    further than the tolerance from torch's.
+    Steps (each frees what the next does not need, so the peak stays near the torch model plus one
+    copy of the weights): load the torch model, compute its reference logits for ``verify``, trace to
+    a staging dir inside ``out_dir`` (weights as external data), free the torch model, check ONNX
+    Runtime against the reference, then with ``options.quantize`` quantize the weights into a second
+    staging dir and compare it with the unquantized graph on held-out code (``models.agreement``).
+    ``specls.json`` is written last: a failed export leaves no loadable directory.
+
+    Raises ExportError on a bad source, a failed trace, ONNX Runtime logits further than the
+    tolerance from torch's, or a quantized graph below the agreement floor.
     """
     import torch
 
@@ -172,6 +190,13 @@ def export_model(
     if options.dtype not in ("fp32", "fp16"):
         raise ExportError(f"dtype must be fp32 or fp16, not {options.dtype!r}")
     fusions = _fusions(options)
+    quant_mode = resolve_quantize(options.quantize, options.dtype)
+    quant = _quantize_options(quant_mode, options)
+    if options.quantize != "auto" and quant is not None and options.share_weights:
+        raise ExportError(
+            f"--share-weights cannot be combined with --quantize {quant_mode}: the quantized MatMul "
+            "weights are not tensors of the checkpoint's model.safetensors (export with one of them)"
+        )
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
 
@@ -188,19 +213,24 @@ def export_model(
     model, config = _load_torch_model(ckpt, options)
     fim = _pick_fim(tokenizer, options.fim_family)
     spec = _make_spec(config, model, tokenizer, fim, options, source)
+    n_params = sum(p.numel() for p in model.parameters())
+    if options.quantize == "auto" and (n_params < AUTO_MIN_PARAMS or options.share_weights):
+        quant_mode, quant = "none", None  # see AUTO_MIN_PARAMS
+    reference = torch_reference(model, spec) if options.verify else None
+    _log_memory("torch model loaded")
 
     progress("tracing to ONNX", 0.15)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp, torch.no_grad():
         tmp_onnx = Path(tmp) / ONNX_FILE
         if options.dtype == "fp16":
-            trace_model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
-        else:
-            trace_model = model
+            del model  # the fp32 copy was only needed for the reference logits
+            _free_memory()
+            model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
         traced = False
         if fusions is not None:
             try:
-                _trace_fused(trace_model, spec, tmp_onnx, options, fusions)
+                _trace_fused(model, spec, tmp_onnx, options, fusions)
                 traced = True
             except Exception as exc:  # transformers' exporter is young: fall back to the plain graph
                 log.warning(
@@ -210,22 +240,25 @@ def export_model(
                     f.unlink()
         if not traced:
             fusions = None
-            _trace(trace_model, spec, tmp_onnx, options)
+            _trace(model, spec, tmp_onnx, options)
         elif options.batch_graph:
             progress("tracing the dynamic-batch graph", 0.45)
-            _trace(trace_model, spec, Path(tmp) / BATCH_ONNX_FILE, options)
+            _trace(model, spec, Path(tmp) / BATCH_ONNX_FILE, options)
             spec = replace(spec, batch_onnx_file=BATCH_ONNX_FILE)
-        del trace_model
-        progress("writing files", 0.7)
+        del model  # the graph's weights are on disk now: free the torch copy before ONNX Runtime loads
+        _free_memory()
+        _log_memory("traced")
+        progress("writing files", 0.5)
         for f in [*out_dir.glob(f"{ONNX_FILE}*"), *out_dir.glob(f"{BATCH_ONNX_FILE}*")]:
             f.unlink()
+        (out_dir / SPEC_FILE).unlink(missing_ok=True)  # loadable again only once everything passed
         for f in Path(tmp).iterdir():
             shutil.move(str(f), out_dir / f.name)
     _write_tokenizer(ckpt, tokenizer, out_dir)
     graphs = [f for f in (spec.onnx_file, spec.batch_onnx_file) if f]
     shared: dict[str, Any] = {}
     if options.share_weights:
-        progress("sharing the weights with model.safetensors", 0.75)
+        progress("sharing the weights with model.safetensors", 0.55)
         for name in (SAFETENSORS_FILE, *HF_FILES):
             src, dst = ckpt.dir / name, out_dir / name
             if src.is_file() and not (dst.exists() and dst.samefile(src)):
@@ -241,35 +274,161 @@ def export_model(
         for g in graphs:  # every graph or none: specls.json names one set of inputs
             add_logits_to_keep(out_dir / g, spec.logits_name)
         spec = replace(spec, input_names=(*spec.input_names, LOGITS_TO_KEEP))
-    spec_path = spec.write(out_dir)
 
     report: dict[str, Any] = {
         "source": source,
         "ort_fusions": fusions or "none",
         "options": asdict(options),
-        "export_s": round(time.perf_counter() - t0, 2),
+        "quantize": quant_mode,
     }
     if shared:
         report["shared_weights"] = shared
-    if options.verify:
-        progress("verifying ONNX Runtime vs torch", 0.8)
+
+    def fail(message: str) -> ExportError:
+        report["export_s"] = round(time.perf_counter() - t0, 2)
+        report["failed"] = message
+        (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        return ExportError(message)
+
+    if reference is not None:
+        progress("verifying ONNX Runtime vs torch", 0.6)
         for graph in graphs:
-            result = verify_export(model, out_dir, spec, options, onnx_file=graph)
+            result = verify_export(reference, out_dir, spec, options, onnx_file=graph)
             report["verify" if graph == spec.onnx_file else "verify_batch"] = asdict(result)
             tol = result.tolerance
             log.info("verify %s: max abs diff %s (tolerance %g)", graph, result.max_abs_diff, tol)
             if result.worst > tol or not np.isfinite(result.worst):
-                # not loadable by mistake: the runtime needs specls.json
-                spec_path.unlink()
-                (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
-                raise ExportError(
+                raise fail(
                     f"{out_dir / graph}: ONNX Runtime logits differ from torch by {result.worst:.3g} "
                     f"(tolerance {tol:g}); per check: {result.max_abs_diff}. {SPEC_FILE} was not kept; "
                     f"re-export with a larger --tolerance (or --no-verify) to accept this graph"
                 )
-    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+        _log_memory("verified against torch")
+    if quant is not None:
+        _quantize_dir(out_dir, spec, graphs, quant, options, report, progress, fail)
+    report["export_s"] = round(time.perf_counter() - t0, 2)
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    spec.write(out_dir)  # last: the directory is loadable only now
+    _log_memory("done")
     progress("done", 1.0)
     return out_dir
+
+
+# "auto" quantizes only models with at least this many weights: below it int4 saves a few MB and
+# the flat distributions of tiny models (the test checkpoints) fall under the agreement floor
+AUTO_MIN_PARAMS = 50_000_000
+
+
+def resolve_quantize(mode: str, dtype: str) -> str:
+    """The ``--quantize`` mode an export uses (before the size rule, AUTO_MIN_PARAMS): "auto" is int4 for fp32 (CPU: measured 3-5x faster
+    decode than fp32 at 93-95% top-1 agreement, README "A real model") and none for fp16 (the CUDA
+    graph: not measured here, no GPU; ``--dtype fp16 --quantize int4`` builds it)."""
+    if mode == "auto":
+        return "int4" if dtype == "fp32" else "none"
+    if mode not in QUANTIZE_MODES:
+        raise ExportError(f"quantize must be auto or one of {QUANTIZE_MODES}, not {mode!r}")
+    return mode
+
+
+def _quantize_options(mode: str, options: ExportOptions) -> QuantizeOptions | None:
+    base = options_for(mode)
+    if base is None:
+        return None
+    return replace(
+        base,
+        block_size=options.quant_block_size,
+        accuracy_level=options.quant_accuracy_level,
+        embedding=options.quantize_embedding and base.bits == 4,
+    )
+
+
+def _quantize_dir(
+    out_dir: Path,
+    spec: ModelSpec,
+    graphs: list[str],
+    quant: QuantizeOptions,
+    options: ExportOptions,
+    report: dict[str, Any],
+    progress: Progress,
+    fail: Callable[[str], ExportError],
+) -> None:
+    """Quantize ``graphs`` of ``out_dir`` into a staging dir, check the main graph's agreement with
+    the unquantized one on held-out code, then replace the unquantized graphs by the quantized ones."""
+    from specls.models.agreement import agreement_of_dirs, graph_logits
+
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".quantize-") as tmp:
+        stage = Path(tmp)
+        for i, graph in enumerate(graphs):
+            progress(f"quantizing {graph} to {quant.bits} bits", 0.65 + 0.05 * i)
+            try:
+                r = quantize_graph(out_dir / graph, stage / graph, quant, spec.logits_name)
+            except QuantizeError as exc:
+                raise fail(str(exc)) from None
+            report.setdefault("quantized", {})[graph] = asdict(r)
+            _free_memory()
+            _log_memory(f"quantized {graph}")
+        shutil.copyfile(out_dir / TOKENIZER_FILE, stage / TOKENIZER_FILE)
+        spec.write(stage)
+        if options.verify:
+            agree = options.agreement
+            progress("comparing with the unquantized graph on held-out code", 0.75)
+
+            def step(n: int) -> None:
+                progress(
+                    f"comparing with the unquantized graph on held-out code ({n}/{agree.positions})",
+                    0.75 + 0.2 * min(1.0, n / max(1, agree.positions)),
+                )
+
+            ref = graph_logits(out_dir / spec.onnx_file, spec, agree.threads)
+            try:
+                result = agreement_of_dirs(ref, stage, agree, step)
+            except ValueError as exc:
+                raise fail(f"{stage / spec.onnx_file}: {exc}") from None
+            del ref
+            _free_memory()
+            _log_memory("agreement measured")
+            report["agreement"] = asdict(result)
+            report["agreement_floor"] = agree.min_top1
+            log.info("%s vs unquantized: %s", spec.onnx_file, result.summary())
+            if not result.worst_top1 >= agree.min_top1:
+                for graph in graphs:  # neither the unquantized nor the quantized graph stays
+                    for f in out_dir.glob(f"{graph}*"):
+                        f.unlink()
+                where = "FIM-prompt" if result.worst_top1 != result.top1 else "held-out"
+                npos = result.fim_positions if where == "FIM-prompt" else result.positions
+                raise fail(
+                    f"{out_dir}: the {quant.bits}-bit graph agrees with the unquantized one on only "
+                    f"{100 * result.worst_top1:.1f}% of {npos} {where} positions (floor "
+                    f"{100 * agree.min_top1:.0f}%; mean KL {result.mean_kl:.4f}, mean |Δlogit| "
+                    f"{result.mean_abs_dlogit:.3f}); {SPEC_FILE} was not written"
+                )
+        for graph in graphs:
+            for f in out_dir.glob(f"{graph}*"):
+                f.unlink()
+        for f in stage.iterdir():
+            if f.name not in (SPEC_FILE, TOKENIZER_FILE):
+                shutil.move(str(f), out_dir / f.name)
+
+
+def _log_memory(stage: str) -> None:
+    """Log the process' peak RSS so far (what the 2x-weights budget of an export is measured by)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    log.info("export: %s (peak RSS so far %.2f GB)", stage, peak * 1024 / 1e9)
+
+
+def _free_memory() -> None:
+    """Collect dropped torch/onnx objects and give the C heap's free pages back to the OS (glibc)."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _load_torch_model(
@@ -600,7 +759,7 @@ def add_logits_to_keep(onnx_path: Path, logits_name: str, check_only: bool = Fal
     node = producer.get(logits_name)
     while node is not None and node.op_type in ("Cast", "Identity"):
         node = producer.get(node.input[0])
-    if node is None or node.op_type not in ("MatMul", "FusedMatMul", "Gemm"):
+    if node is None or node.op_type not in ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits"):
         log.warning("%s: no projection found behind %r; logits_to_keep not added", onnx_path, logits_name)
         return False
     if check_only:
@@ -627,21 +786,40 @@ def add_logits_to_keep(onnx_path: Path, logits_name: str, check_only: bool = Fal
     return True
 
 
-def verify_export(
-    model: Any, out_dir: Path, spec: ModelSpec, options: ExportOptions, onnx_file: str | None = None
-) -> VerifyResult:
-    """Run the exported graph (``onnx_file``, default ``spec.onnx_file``) with ONNX Runtime against the
-    fp32 torch model on one sequence: a 7-token prefill, then N=5 and N=1 with the past fed back; compare
-    logits position by position with torch's full-sequence forward (no cache) so cache handling is
-    checked too."""
-    import onnxruntime as ort
+@dataclass(frozen=True)
+class TorchReference:
+    """The fp32 torch model's logits for one random sequence (what ``verify_export`` compares with),
+    computed before the torch model is freed."""
+
+    ids: np.ndarray  # [total] int64
+    logits: np.ndarray  # [total, vocab] float32
+
+
+def torch_reference(model: Any, spec: ModelSpec, total: int = 13) -> TorchReference:
+    """Full-sequence forward (no cache) of a seeded random sequence of ``total`` tokens."""
     import torch
 
     rng = np.random.default_rng(0)
-    total = 13
     seq = rng.integers(0, spec.vocab_size, size=total).astype(np.int64)
     with torch.no_grad():
         ref = model(input_ids=torch.from_numpy(seq[None, :])).logits[0].float().numpy()  # [total, vocab]
+    return TorchReference(ids=seq, logits=ref)
+
+
+def verify_export(
+    reference: TorchReference,
+    out_dir: Path,
+    spec: ModelSpec,
+    options: ExportOptions,
+    onnx_file: str | None = None,
+) -> VerifyResult:
+    """Run the exported graph (``onnx_file``, default ``spec.onnx_file``) with ONNX Runtime against the
+    fp32 torch model's ``reference`` on one sequence: a 7-token prefill, then N=5 and N=1 with the past
+    fed back; compare logits position by position with torch's full-sequence forward (no cache) so
+    cache handling is checked too."""
+    import onnxruntime as ort
+
+    seq, ref = reference.ids, reference.logits
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
@@ -672,6 +850,7 @@ def verify_export(
         agree[label] = float(np.mean(np.argmax(logits, -1) == np.argmax(want, -1)))
         past = list(outs[1:])
         start += n
+    del sess
     tol = options.tolerance
     if spec.dtype == "fp16":
         # fp16 rounding error grows with the logits' magnitude: the tolerance is per 10 units of it
@@ -1049,10 +1228,12 @@ __all__ = [
     "ExportError",
     "ExportOptions",
     "ShareReport",
+    "TorchReference",
     "VerifyResult",
     "export_model",
     "read_report",
     "read_safetensors_index",
+    "resolve_quantize",
     "share_weights",
     "SPEC_FILE",
 ]

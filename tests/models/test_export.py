@@ -177,3 +177,34 @@ def test_verify_failure_leaves_no_loadable_dir(tiny_checkpoints: dict[str, Path]
     assert "verify" in read_report(out)
     with pytest.raises(ModelLoadError, match=SPEC_FILE):
         load_spec(out)
+
+
+def test_cli_console_is_the_bar_and_one_summary_line(
+    tiny_checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    """`specls export` prints the progress bar (stderr) and one summary line (stdout); torch.export's
+    warnings and our log records go to the log file the summary names."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "cli"
+    proc = subprocess.run(
+        [sys.executable, "-m", "specls", "export", str(tiny_checkpoints["llama"]), "--out", str(out)]
+        + ["--quantize", "none", "--tolerance", "1e-4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"exported {tiny_checkpoints['llama']} -> {out}"), lines
+    log_path = tmp_path / "cli.export.log"
+    assert f"log: {log_path}" in lines[0] and "peak RSS" in lines[0]
+    bar = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert bar and all(ln.startswith("[") and "%" in ln for ln in bar), bar[:5]  # Not torch's warnings
+    text = log_path.read_text()
+    assert "specls.models.export" in text and "peak RSS so far" in text  # our records went there
+    assert "[torch.onnx]" in text  # and the exporter's own prints (fd-level redirect)
+    assert load_spec(out).dtype == "fp32"
