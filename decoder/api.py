@@ -29,9 +29,10 @@ class KVCache(Protocol):
 
     ``forward`` appends ``ids`` after the ``length`` cached positions and returns the logits of every
     new position; ``truncate(n)`` rolls the cache back to its first ``n`` positions (exact: a slice on
-    the sequence axis). A cache may also have ``append(ids) -> None``: ``forward`` whose logits nobody
-    needs (a prefill), and ``forward_last(ids) -> [vocab]``: only the last position's logits (a
-    catch-up); models that can skip the vocabulary projection of the other positions then do.
+    the sequence axis). ``append`` (a prefill: logits nobody reads) and ``forward_last`` (a catch-up:
+    only the last position's logits) let a model skip the vocabulary projection of the other
+    positions or keep them on its device; ``compact`` lets a cache give back memory it shares after a
+    batched pass. The bodies here are what a cache without such tricks does (subclass to get them).
     """
 
     @property
@@ -43,35 +44,77 @@ class KVCache(Protocol):
 
     def truncate(self, n: int) -> None: ...
 
+    def append(self, ids: Sequence[int]) -> None:
+        """``forward`` whose logits nobody needs (a prefill). Cache grows by len(ids)."""
+        self.forward(ids)
+
+    def forward_last(self, ids: Sequence[int]) -> np.ndarray:
+        """ids: [n] -> the last position's logits: [vocab]. Cache grows by n."""
+        return self.forward(ids)[-1]
+
+    def compact(self) -> None:
+        """Own the KV again after passes that shared it (a batched pass); nothing to do by default."""
+        return None
+
+
+# (caches, ids) -> logits per cache: [n_i, vocab] each; advances every cache by its ids
+BatchForward = Callable[[Sequence[KVCache], Sequence[Sequence[int]]], list[np.ndarray]]
+
 
 @runtime_checkable
 class CausalLM(Protocol):
-    """A loaded model that can open per-sequence caches."""
+    """A loaded model that can open per-sequence caches.
+
+    Batching (joining concurrent sequences' passes, off by default): ``enable_batching()`` loads what
+    ``forward_batch`` needs and says whether it can; ``release_memory()`` gives back what batched
+    passes kept once no request runs. The bodies here are a model that cannot batch.
+    """
 
     @property
     def vocab_size(self) -> int: ...
 
     def new_cache(self) -> KVCache: ...
 
+    def enable_batching(self) -> bool:
+        return False
+
+    def forward_batch(self, caches: Sequence[KVCache], ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        raise TypeError(f"{type(self).__name__} cannot batch passes (enable_batching() is False)")
+
+    def release_memory(self) -> None:
+        return None
+
 
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes tokens to verify. The decode loop never asks which drafter it has.
 
-    ``propose(context, k)``: up to ``k`` token ids continuing ``context`` (the full committed token
-    sequence, prompt included); ``[]`` means no proposal.
-    ``observe(n_accepted)``: how many of the last proposal's tokens the target accepted.
-    ``proposal_probs()``: for sampling mode, the drafter's distributions q for the last proposal
-    ([len(proposal), vocab]), or None for a point mass (a deterministic guess such as prompt lookup).
+    ``begin(settings)``: once at the start of each generation (sampling parameters, seed, per-request
+    state). ``propose(context, k)``: up to ``k`` token ids continuing ``context`` (the full committed
+    token sequence, prompt included); ``[]`` means no proposal. ``observe(n_accepted)``: how many of
+    the last proposal's tokens the target accepted. ``proposal_probs()``: for sampling mode, the
+    drafter's distributions q for the last proposal ([len(proposal), vocab]), or None for a point mass
+    (a deterministic guess such as prompt lookup). ``proposal_sources()``: one name per token of the
+    last proposal, the sub-drafter that proposed it (a composite drafter reports e.g.
+    "lookup"/"draft"; stats in ``DecodeResult.per_drafter`` are keyed by it); fewer names than tokens
+    means all of them are ``name``'s. The bodies here are a point-mass drafter without per-request
+    state (subclass to get them; ``propose`` and ``observe`` are each drafter's own).
     """
 
     name: str
+
+    def begin(self, settings: DecodeSettings) -> None:
+        return None
 
     def propose(self, context: Sequence[int], k: int) -> list[int]: ...
 
     def observe(self, n_accepted: int) -> None: ...
 
-    def proposal_probs(self) -> np.ndarray | None: ...
+    def proposal_probs(self) -> np.ndarray | None:
+        return None
+
+    def proposal_sources(self) -> Sequence[str]:
+        return ()
 
 
 @dataclass(frozen=True)
@@ -190,21 +233,3 @@ class Engine(Protocol):
     ) -> CompletionResult: ...
 
     def stats(self) -> dict[str, object]: ...
-
-
-# ---------------------------------------------------------------------------------------------
-# Optional drafter extras (added by the decoder). A Drafter MAY implement these; the loop calls them
-# when present and never needs to know which drafter it has.
-# ---------------------------------------------------------------------------------------------
-
-
-@runtime_checkable
-class DrafterExtras(Protocol):
-    def begin(self, settings: DecodeSettings) -> None:
-        """Called once at the start of each generation (sampling parameters, seed, per-request state)."""
-        ...
-
-    def proposal_sources(self) -> Sequence[str]:
-        """One name per token of the last proposal: the sub-drafter that proposed it (a composite
-        drafter reports e.g. "lookup"/"draft"); stats in DecodeResult.per_drafter are keyed by it."""
-        ...

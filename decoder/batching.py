@@ -23,12 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
-from specls.decoder.api import KVCache
+from specls.decoder.api import BatchForward, KVCache
 
 log = logging.getLogger(__name__)
 
-# (caches, ids) -> logits per cache: [n_i, vocab] each; advances every cache by its ids
-BatchForward = Callable[[Sequence[KVCache], Sequence[Sequence[int]]], list[np.ndarray]]
 Clock = Callable[[], float]  # seconds, monotonic
 
 
@@ -198,7 +196,7 @@ class PassBatcher:
             p.done = True
 
 
-class BatchedCache:
+class BatchedCache(KVCache):
     """A ``KVCache`` whose passes go through a ``PassBatcher``; length and truncate are the inner
     cache's own."""
 
@@ -219,16 +217,16 @@ class BatchedCache:
 
     def append(self, ids: Sequence[int]) -> None:
         """A prefill (logits not needed): a long one runs alone through the inner cache's own
-        ``append`` when it has one; a short one joins a batch like any pass."""
-        inner_append = getattr(self.inner, "append", None)
-        if inner_append is not None and len(ids) > self._batcher.settings.max_tokens:
+        ``append``; a short one joins a batch like any pass."""
+        if len(ids) > self._batcher.settings.max_tokens:
             self._batcher.note_solo_prefill()
-            inner_append(ids)
+            self.inner.append(ids)
         else:
             self.forward(ids)
 
+    def compact(self) -> None:
+        self.inner.compact()
+
     def release(self) -> None:
         """The request is done: let the inner cache drop what batched passes shared (``compact``)."""
-        compact = getattr(self.inner, "compact", None)
-        if compact is not None:
-            compact()
+        self.inner.compact()

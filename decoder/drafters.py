@@ -1,8 +1,7 @@
 """Drafters: prompt lookup (n-gram index over the current sequence, the suffix and the open buffers),
 a small same-tokenizer draft model with its own KV cache, and a hybrid of the two.
 
-All implement the ``Drafter`` protocol plus the optional ``begin``/``proposal_sources`` extras of
-``specls.decoder.api``. Stats are keyed by the sub-drafter that proposed each token ("lookup", "draft").
+All subclass the ``Drafter`` protocol of ``specls.decoder.api``. Stats are keyed by the sub-drafter that proposed each token ("lookup", "draft").
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from specls.decoder.acceptance import process_logits, sample
-from specls.decoder.api import CausalLM, DecodeSettings, KVCache
+from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
 from specls.decoder.ngram import LookupMatch, NgramIndex, common_prefix_len, lookup
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,7 @@ class DrafterSettings:
 DEFAULT_DRAFTER_SETTINGS = DrafterSettings()
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Proposes the continuation of the longest, most recent match of the context's tail in: the
     current sequence (prompt + generated, most recent of all), then the suffix after the cursor, then
     the shared index of open buffers (most recently updated first). A match in the current sequence
@@ -97,7 +96,7 @@ class PromptLookupDrafter:
         return [self.name] * self._n
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """A small draft model with its own KV cache, synced to the context by longest common prefix with
     what it has cached (truncate + feed only the new tokens): it catches up on the bonus/correction
     token after each pass and keeps its prefix across requests. Greedy steps, or sampled steps with
@@ -139,9 +138,8 @@ class DraftModelDrafter:
 
     def _feed(self, ids: Sequence[int]) -> np.ndarray:
         assert self._cache is not None
-        forward_last = getattr(self._cache, "forward_last", None)  # only the row we need (catch-up)
-        if forward_last is not None and len(ids) > 1:
-            last = forward_last(ids)  # [vocab]
+        if len(ids) > 1:
+            last = self._cache.forward_last(ids)  # [vocab]: only the row we need (catch-up)
         else:
             last = self._cache.forward(ids)[-1]  # forward: [len(ids), vocab]
         self._tokens.extend(ids)
@@ -198,7 +196,7 @@ class DraftModelDrafter:
         return [self.name] * self._n
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """Lookup when it has a long enough match (``hybrid_min_match``), extended with the draft model
     when shorter than k; otherwise the draft model. Either part may be None."""
 
@@ -218,7 +216,7 @@ class HybridDrafter:
 
     def begin(self, settings: DecodeSettings) -> None:
         for part in (self.lookup, self.model):
-            if part is not None and hasattr(part, "begin"):
+            if part is not None:
                 part.begin(settings)
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Per-request speculation length (gamma) and the "does speculation pay" check.
 
-Adaptive gamma: grow by one after a pass that accepted its full gamma-long proposal, shrink by one after
-an early rejection (fewer than half accepted); clamped to [gamma_min, gamma_max].
+Adaptive gamma (``adapt_gamma``): grow by one after a pass that accepted its full gamma-long proposal,
+shrink by one after an early rejection (fewer than half accepted); clamped to [gamma_min, gamma_max].
 
 Pays check: with tau = tokens committed per speculative pass (accepted + 1) and kappa = cost of a
 speculative pass relative to a plain one (1 + drafting cost), the estimated speedup is tau / kappa.
@@ -18,6 +18,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specls.decoder.api import DecodeSettings
+
+
+def adapt_gamma(gamma: int, drafted: int, accepted: int, lo: int, hi: int) -> int:
+    """The next speculation length after a pass that drafted ``drafted`` tokens (asked for ``gamma``)
+    and had ``accepted`` of them accepted: one more after a full acceptance of a full-length proposal,
+    one less when fewer than half were accepted, else the same; clamped to [lo, hi].
+
+    Worked example, gamma 4 in [1, 8]: drafted 4, accepted 4 -> 5; drafted 2, accepted 2 -> 4 (a short
+    proposal, e.g. a lookup match near its end, says nothing about a longer one); drafted 4, accepted 1
+    -> 3; drafted 4, accepted 2 -> 4 (half is not "fewer than half"); drafted 0 -> 4 (nothing learned).
+    """
+    if drafted <= 0:
+        return gamma
+    if accepted >= drafted and drafted >= gamma:
+        return min(gamma + 1, hi)
+    if 2 * accepted < drafted:
+        return max(gamma - 1, lo)
+    return gamma
 
 
 @dataclass(frozen=True)
@@ -81,10 +99,7 @@ class GammaController:
             return
         s, p = self._settings, self._policy
         if s.adaptive_gamma:
-            if accepted >= drafted and drafted >= self._gamma:
-                self._gamma = min(self._gamma + 1, self._hi)
-            elif 2 * accepted < drafted:
-                self._gamma = max(self._gamma - 1, self._lo)
+            self._gamma = adapt_gamma(self._gamma, drafted, accepted, self._lo, self._hi)
         if s.draft_cost_ratio is not None:
             cost = s.draft_cost_ratio * drafted
         else:

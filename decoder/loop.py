@@ -34,8 +34,7 @@ DEFAULT_POLICY = GammaPolicy()
 
 
 def _sources(drafter: Drafter, n: int) -> list[str]:
-    get = getattr(drafter, "proposal_sources", None)
-    names = list(get()) if get is not None else []
+    names = list(drafter.proposal_sources())
     return names[:n] if len(names) >= n else [drafter.name] * n
 
 
@@ -119,16 +118,14 @@ def generate(
         target.truncate(len(prompt) - 1)
     result.prefill_tokens = len(prompt) - target.length
     if target.length < len(prompt) - 1:
-        append = getattr(target, "append", None)  # a forward whose logits stay where they are
-        (append or target.forward)(prompt[target.length : -1])  # prompt positions' logits: not needed
+        target.append(prompt[target.length : -1])  # prompt positions' logits: not needed
     result.prefill_ms = (clock() - t0) * 1e3
 
     sampling = settings.temperature > 0.0
     rng = np.random.default_rng(settings.seed)
-    begin = getattr(drafter, "begin", None)
-    if drafter is not None and begin is not None:
+    if drafter is not None:
         try:
-            begin(settings)
+            drafter.begin(settings)
         except Exception:
             log.warning("drafter %s failed to start; decoding without it", drafter.name, exc_info=True)
             drafter = None

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from specls.decoder.api import CausalLM, Drafter, KVCache
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class ForwardCounter:
     tokens: int = 0
 
 
-class FakeCache:
+class FakeCache(KVCache):
     """An exact KV cache over a FakeLM: the "KV" is the token list itself."""
 
     def __init__(self, model: FakeLM) -> None:
@@ -64,7 +65,7 @@ class FakeCache:
         del self.tokens[n:]
 
 
-class FakeLM:
+class FakeLM(CausalLM):
     """A deterministic CausalLM: logits(pos) = scale * sum_j tables[j][tokens[pos - j]]."""
 
     def __init__(self, config: FakeLMConfig = FakeLMConfig(), tables: np.ndarray | None = None) -> None:
@@ -110,7 +111,7 @@ class FakeLM:
         return out
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Proposes from a reference continuation of ``prompt``.
 
     mode "right": the next reference tokens; "wrong": every token off by one; "wrong_at": right except

@@ -179,7 +179,7 @@ class _Counters:
     per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
 
 
-class CompletionReuseDrafter:
+class CompletionReuseDrafter(Drafter):
     """Proposes the rest of the previous completion (a deterministic guess, point mass).
 
     The previous completion is kept as its generated tokens and their text; the user has typed its
@@ -230,7 +230,7 @@ class CompletionReuseDrafter:
         return None
 
 
-class _ReuseFirst:
+class _ReuseFirst(Drafter):
     """Completion reuse first, then the regular drafter. The loop's gamma is sized for the reuse
     proposal, so the regular drafter's length adapts here instead (the same rule as the loop's:
     +1 after a fully accepted proposal, -1 when less than half was accepted)."""
@@ -247,9 +247,8 @@ class _ReuseFirst:
         self._n = 0
 
     def begin(self, settings: DecodeSettings) -> None:
-        begin = getattr(self._inner, "begin", None)
-        if begin is not None:
-            begin(settings)
+        if self._inner is not None:
+            self._inner.begin(settings)
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         out = self._reuse.propose(context, k)
@@ -277,12 +276,11 @@ class _ReuseFirst:
     def proposal_sources(self) -> Sequence[str]:
         if self._from_reuse or self._inner is None:
             return [REUSE] * self._n
-        get = getattr(self._inner, "proposal_sources", None)
-        names = list(get()) if get is not None else []
+        names = list(self._inner.proposal_sources())
         return names if len(names) >= self._n else [self._inner.name] * self._n
 
 
-class _TimedDrafter:
+class _TimedDrafter(Drafter):
     """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else. When a
     draft-model warm-up runs in the background (``prefetch``), the first use waits for it."""
 
@@ -301,9 +299,7 @@ class _TimedDrafter:
 
     def begin(self, settings: DecodeSettings) -> None:
         self.join()
-        begin = getattr(self._inner, "begin", None)
-        if begin is not None:
-            begin(settings)
+        self._inner.begin(settings)
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         self.join()
@@ -322,8 +318,7 @@ class _TimedDrafter:
         return self._inner.proposal_probs()
 
     def proposal_sources(self) -> Sequence[str]:
-        get = getattr(self._inner, "proposal_sources", None)
-        return list(get()) if get is not None else []
+        return self._inner.proposal_sources()
 
 
 class _TextStop:
@@ -497,10 +492,8 @@ class OnnxEngine:
         batching = self.settings.batching
         if batching.max_batch <= 1:
             return None
-        enable = getattr(target, "enable_batching", None)
-        forward_batch = getattr(target, "forward_batch", None)
         try:
-            ok = enable is not None and forward_batch is not None and bool(enable())
+            ok = bool(target.enable_batching())
         except Exception as exc:  # a broken batch graph: serve unbatched, say why
             logger.warning("batching off: the target's batch graph cannot be loaded (%s)", exc)
             return None
@@ -511,7 +504,7 @@ class OnnxEngine:
             )
             return None
         logger.info("batching target passes of up to %d requests", batching.max_batch)
-        return PassBatcher(forward_batch, batching)  # type: ignore[arg-type]
+        return PassBatcher(target.forward_batch, batching)
 
     @property
     def ready(self) -> bool:
@@ -602,9 +595,7 @@ class OnnxEngine:
                     return self._complete_counted(models, request, cancelled)
             finally:
                 if self._batcher.active == 0:  # the last concurrent request: give memory back
-                    release = getattr(models.target, "release_memory", None)
-                    if release is not None:
-                        release()
+                    models.target.release_memory()
         with self._run_lock:
             return self._complete_counted(models, request, cancelled)
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specls.decoder.api import CausalLM, KVCache
+
 OURS = ("plain", "lookup", "draft", "hybrid")
 HF = ("hf-greedy", "hf-assisted", "hf-lookup")
 
@@ -175,7 +177,7 @@ class CallLog:
         return statistics.median(ms) if ms else None
 
 
-class TimedCache:
+class TimedCache(KVCache):
     def __init__(self, inner: Any, role: str, log: CallLog) -> None:
         self._inner = inner
         self._role = role
@@ -195,7 +197,7 @@ class TimedCache:
         self._inner.truncate(n)
 
 
-class TimedLM:
+class TimedLM(CausalLM):
     """A CausalLM whose caches log each forward's time."""
 
     def __init__(self, inner: Any, role: str, log: CallLog) -> None:

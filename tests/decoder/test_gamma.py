@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import pytest
 from specls.decoder.api import DecodeSettings
-from specls.decoder.gamma import GammaController, GammaPolicy
+from specls.decoder.gamma import GammaController, GammaPolicy, adapt_gamma
+
+
+@pytest.mark.parametrize(
+    ("gamma", "drafted", "accepted", "want"),
+    [
+        (4, 4, 4, 5),  # full acceptance of a full proposal grows. Not 4
+        (8, 8, 8, 8),  # clamped at hi. Not 9
+        (4, 2, 2, 4),  # a short proposal fully accepted says nothing about a longer one. Not 5
+        (4, 4, 1, 3),  # fewer than half accepted shrinks. Not 4
+        (1, 4, 0, 1),  # clamped at lo. Not 0
+        (4, 4, 2, 4),  # exactly half is not fewer than half. Not 3
+        (4, 0, 0, 4),  # nothing drafted, nothing learned. Not 3
+    ],
+)
+def test_adapt_gamma_rule(gamma: int, drafted: int, accepted: int, want: int) -> None:
+    assert adapt_gamma(gamma, drafted, accepted, 1, 8) == want
 
 
 def test_gamma_grows_on_full_acceptance_and_shrinks_on_early_rejection() -> None:

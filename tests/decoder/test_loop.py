@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from specls.decoder.acceptance import process_logits
-from specls.decoder.api import DecodeSettings, Drafter
+from specls.decoder.api import DecodeSettings, Drafter, KVCache
 from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.ngram import NgramIndex
@@ -21,7 +21,7 @@ FULL = PROMPT + REF
 K = 4  # fixed gamma of the scripted-drafter cases
 
 
-class CheckedCache:
+class CheckedCache(KVCache):
     """Wraps a FakeCache and checks the loop's cache invariant on every call: before each forward the
     cache plus the first fed token is a prefix of the true sequence (cache == committed - last), and
     after each truncate the cache holds only committed tokens (no rejected draft survives)."""

@@ -22,7 +22,7 @@ if not (bundled_dir("target") / "specls.json").is_file():  # pragma: no cover
 MAX = 24
 
 
-class CountingCache:
+class CountingCache(KVCache):
     def __init__(self, inner: KVCache, counter: list[int]) -> None:
         self._inner = inner
         self._counter = counter
@@ -39,7 +39,7 @@ class CountingCache:
         self._inner.truncate(n)
 
 
-class CountingLM:
+class CountingLM(CausalLM):
     """Counts forward calls of every cache it opens."""
 
     def __init__(self, inner: CausalLM) -> None:
@@ -196,13 +196,16 @@ def test_typing_session_stays_exact_and_cheap(engine: OnnxEngine, points: list[P
     assert s["prefix_reuse_hit_rate"] == pytest.approx((int(s["requests"]) - 1) / int(s["requests"]))  # type: ignore[call-overload]
 
 
-class BoundOnCpu:
+class BoundOnCpu(CausalLM):
     """The bundled target handing out device-style caches (IOBinding, KV as OrtValues) on the CPU:
     the CUDA code path, batching included, without a GPU."""
 
     def __init__(self, lm: Any) -> None:
         self._lm = lm
-        self.vocab_size = lm.vocab_size
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._lm.vocab_size)
 
     def new_cache(self) -> KVCache:
         from specls.models.runtime import BoundKVCache

@@ -18,7 +18,7 @@ import numpy as np
 from specls.bench.gpu.checkpoints import STAMP, build_checkpoint, build_stamp, export_options, reusable
 from specls.bench.gpu.shapes import BenchError, GpuBenchSettings
 from specls.bench.gpu.timing import phase
-from specls.decoder.api import CausalLM
+from specls.decoder.api import CausalLM, KVCache
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class _DynamicCacheBase:
         self._len = n
 
 
-class TorchCache(_DynamicCacheBase):
+class TorchCache(_DynamicCacheBase, KVCache):
     """A KVCache over a transformers model and its DynamicCache (truncate slices every layer)."""
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
@@ -117,7 +117,7 @@ class TorchBatchCache(_DynamicCacheBase):
         return logits
 
 
-class TorchCausalLM:
+class TorchCausalLM(CausalLM):
     """A transformers checkpoint in torch (eager attention via SDPA) as a CausalLM."""
 
     def __init__(self, checkpoint: Path, device: str, dtype: str) -> None:

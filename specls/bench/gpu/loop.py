@@ -17,7 +17,7 @@ from specls.bench.gpu.predict import (
 )
 from specls.bench.gpu.report import GpuBenchReport, LoopMeasurement
 from specls.bench.gpu.shapes import METHODS, GpuBenchSettings
-from specls.decoder.api import CausalLM, DecodeSettings, KVCache
+from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
 
 
 def greedy_reference(lm: CausalLM, prompt: Sequence[int], n: int) -> list[int]:
@@ -31,7 +31,7 @@ def greedy_reference(lm: CausalLM, prompt: Sequence[int], n: int) -> list[int]:
     return out
 
 
-class ForcedDrafter:
+class ForcedDrafter(Drafter):
     """Proposes the target's own greedy continuation ``reference`` of ``prompt``, each drafted token right
     with probability ``alpha`` (seeded) and otherwise a wrong id, always ``k`` tokens so every verify
     pass has N = k + 1. With ``draft_lm`` it also runs the draft model for those k steps (its output
