@@ -47,6 +47,7 @@ from specls.decoder.api import (
 from specls.decoder.batching import BatchedCache, BatchSettings, PassBatcher
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.ngram import NgramIndex
+from specls.decoder.text import TextStop
 from specls.prompt import (
     DocumentEncoder,
     FimTokens,
@@ -319,30 +320,6 @@ class _TimedDrafter(Drafter):
 
     def proposal_sources(self) -> Sequence[str]:
         return self._inner.proposal_sources()
-
-
-class _TextStop:
-    """The loop's token-level stop built from the request's text-level one: decodes the generated tokens
-    incrementally (a UTF-8 character split across tokens is held back until complete) and records where
-    the request's ``stop`` cut the text."""
-
-    def __init__(self, tokenizer: TextTokenizer, stop: Callable[[str], int | None]) -> None:
-        self._tok = tokenizer
-        self._stop = stop
-        self.cut: int | None = None
-        self.text = ""
-
-    def __call__(self, tokens: list[int]) -> bool:
-        self.text = visible_text(self._tok.decode(tokens))
-        try:
-            cut = self._stop(self.text)
-        except Exception:  # a broken stop function must not kill the completion
-            logger.exception("stop function failed; ignoring it")
-            return False
-        if cut is None:
-            return False
-        self.cut = max(0, min(int(cut), len(self.text)))
-        return True
 
 
 class _KeyedLocks:
@@ -674,7 +651,7 @@ class OnnxEngine:
         settings = self._decode_settings(max_new, reuse, request.speculation_cap)
         if settings.gamma_max <= 0:
             drafter, reuse = None, False
-        stop = _TextStop(models.tokenizer, request.stop) if request.stop is not None else None
+        stop = TextStop(models.tokenizer, request.stop) if request.stop is not None else None
 
         if isinstance(drafter, _TimedDrafter) and state.draft_drafter is not None and s.use_draft:
             drafter.prefetch = self._warm_draft(state.draft_drafter, prompt.tokens)
@@ -750,7 +727,7 @@ class OnnxEngine:
         drafter: Drafter | None,
         settings: DecodeSettings,
         cancelled: CancelCheck,
-        stop: _TextStop | None,
+        stop: TextStop | None,
     ) -> DecodeResult:
         from specls.decoder.loop import generate
 
@@ -866,7 +843,7 @@ class OnnxEngine:
         tok = self.models.tokenizer
         raw = visible_text(tok.decode(entry.tokens)) if entry.tokens else ""
         if request.stop is not None:
-            stop = _TextStop(tok, request.stop)
+            stop = TextStop(tok, request.stop)
             for i in range(1, len(entry.tokens) + 1):
                 if stop(entry.tokens[:i]):
                     assert stop.cut is not None

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from specls.decoder.text import visible_text as visible_text  # re-exported (tests, callers)
+
 logger = logging.getLogger(__name__)
 
 _LINE_RE = re.compile(r"[^\n]*\n|[^\n]+")
@@ -305,11 +307,6 @@ def _display_path(uri: str) -> str:
     path = unquote(urlsplit(uri).path) if "://" in uri else uri.split(":", 1)[-1]
     parts = [p for p in path.replace("\\", "/").split("/") if p]
     return "/".join(parts[-2:]) if parts else uri
-
-
-def visible_text(text: str) -> str:
-    """Drop a trailing incomplete UTF-8 character (byte-level BPE decodes it to U+FFFD)."""
-    return text.rstrip("\ufffd")
 
 
 def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -10,9 +10,9 @@ import pytest
 from specls.decoder.api import CompletionRequest, EngineError
 from specls.decoder.testing import FakeLM
 
-from specls.engine import EngineSettings, LoadedModels, OnnxEngine, _TextStop
+from specls.engine import EngineSettings, LoadedModels, OnnxEngine
 from specls.prompt import PromptBudget
-from tests.specls.fakes import SOURCE, ByteTokenizer, fake_models
+from tests.specls.fakes import SOURCE, fake_models
 
 CONFIGS = {
     "plain": EngineSettings(speculate=False),
@@ -189,18 +189,32 @@ def test_text_stop_cuts_and_stops_early() -> None:
     assert cut.tokens == 6  # Not 40: generation stopped as soon as the stop fired
 
 
-def test_text_stop_holds_back_split_utf8() -> None:
-    seen: list[str] = []
+def test_text_stop_decodes_only_new_tokens() -> None:
+    """The loop's stop callback sees the whole text at every token but decodes each token about once."""
+    from collections.abc import Sequence
+
+    from tests.specls.fakes import CharTokenizer
+
+    class CountingTokenizer(CharTokenizer):
+        decoded = 0
+
+        def decode(self, ids: Sequence[int]) -> str:
+            self.decoded += len(ids)
+            return super().decode(ids)
+
+    models = replace(fake_models(allow_eos=False), tokenizer=CountingTokenizer())
+    engine = OnnxEngine(EngineSettings(lru_size=0, speculate=False), models)
+    seen: list[int] = []
 
     def stop(text: str) -> int | None:
-        seen.append(text)
+        seen.append(len(text))
         return None
 
-    s = _TextStop(ByteTokenizer(), stop)
-    ids = list("aé€".encode())
-    for i in range(1, len(ids) + 1):
-        s(ids[:i])
-    assert seen == ["a", "a", "aé", "aé", "aé", "aé€"]  # Not "a\ufffd": partial chars held back
+    r = engine.complete(replace(request(POINTS[1], max_tokens=64), stop=stop))
+    tok = models.tokenizer
+    assert isinstance(tok, CountingTokenizer)
+    assert r.tokens == 64 and seen == list(range(1, 65))  # the stop saw every prefix of the text
+    assert tok.decoded <= 5 * 64  # Not 64 * 65 / 2 + 64 = 2144: no re-decoding of the whole text
 
 
 def test_cancel_returns_within_one_pass() -> None:
