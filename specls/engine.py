@@ -47,7 +47,9 @@ from specls.decoder.api import (
 from specls.decoder.batching import BatchedCache, BatchSettings, PassBatcher
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.ngram import NgramIndex
+from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
 from specls.decoder.text import TextStop
+from specls.decoder.timed import TimedDrafter
 from specls.prompt import (
     DocumentEncoder,
     FimTokens,
@@ -60,8 +62,6 @@ from specls.prompt import (
 )
 
 logger = logging.getLogger(__name__)
-
-REUSE = "reuse"  # per_drafter key of the completion-reuse drafter
 
 
 @dataclass(frozen=True)
@@ -118,31 +118,12 @@ class LoadedModels:
 
 
 @dataclass
-class _LastCompletion:
-    prefix: str
-    suffix: str
-    text: str  # everything generated (before any stop cut): more draft material
-    tokens: list[int]  # the generated tokens (text == visible decode of them)
-    decode: Callable[[Sequence[int]], str]
-    _offsets: list[int] | None = None
-
-    def offsets(self) -> list[int]:
-        """offsets[i] = characters of visible text made by tokens[:i] (a char split across tokens
-        counts once complete); offsets[-1] == len(text)."""
-        if self._offsets is None:
-            offs = [len(visible_text(self.decode(self.tokens[:i]))) for i in range(len(self.tokens) + 1)]
-            offs[-1] = len(self.text)
-            self._offsets = [min(o, len(self.text)) for o in offs]
-        return self._offsets
-
-
-@dataclass
 class _DocState:
     cache: KVCache | None = None
     tokens: list[int] = field(default_factory=list)  # what ``cache`` holds
     draft_drafter: DraftModelDrafter | None = None  # keeps its own draft KV cache across requests
     lookup_drafter: PromptLookupDrafter | None = None  # keeps its context n-gram index
-    last: _LastCompletion | None = None
+    last: PreviousCompletion | None = None  # for completion reuse
 
 
 @dataclass
@@ -178,148 +159,6 @@ class _Counters:
     cache_hits: int = 0
     draft_ms: float = 0.0
     per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
-
-
-class CompletionReuseDrafter(Drafter):
-    """Proposes the rest of the previous completion (a deterministic guess, point mass).
-
-    The previous completion is kept as its generated tokens and their text; the user has typed its
-    first ``typed_len`` characters since. At each proposal the text generated so far must continue
-    that text; the proposal is then the old completion's own tokens from the current text position
-    (the model tends to repeat its own segmentation, which re-tokenising the text would not give),
-    with the characters up to the next old token boundary tokenised afresh when the position falls
-    inside an old token."""
-
-    name = REUSE
-
-    def __init__(
-        self, tokenizer: TextTokenizer, prompt_len: int, last: _LastCompletion, typed_len: int, max_draft: int
-    ) -> None:
-        self._tok = tokenizer
-        self._prompt_len = prompt_len
-        self._tokens = last.tokens
-        self._text = last.text
-        self._offsets = last.offsets()
-        self._typed = typed_len
-        self._max = max_draft
-        self._cache: tuple[int, list[int]] | None = None  # (generated count, proposal tokens)
-        self._dead = False
-
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        if self._dead or k <= 0:
-            return []
-        generated = list(context[self._prompt_len :])
-        if self._cache is not None and self._cache[0] == len(generated):
-            return self._cache[1][:k]
-        self._cache = (len(generated), self._proposal(generated))
-        return self._cache[1][:k]
-
-    def _proposal(self, generated: list[int]) -> list[int]:
-        text = visible_text(self._tok.decode(generated)) if generated else ""
-        pos = self._typed + len(text)
-        if "\ufffd" in text or not self._text.startswith(text, self._typed) or pos >= len(self._text):
-            self._dead = True
-            return []
-        j = next(i for i, off in enumerate(self._offsets) if off >= pos)  # offsets[-1] == len(text)
-        head = self._tok.encode(self._text[pos : self._offsets[j]]) if self._offsets[j] > pos else []
-        return [*head, *self._tokens[j:]][: self._max]
-
-    def observe(self, n_accepted: int) -> None:
-        pass  # the next propose re-checks the generated text; a wrong guess stops the proposals
-
-    def proposal_probs(self) -> np.ndarray | None:
-        return None
-
-
-class _ReuseFirst(Drafter):
-    """Completion reuse first, then the regular drafter. The loop's gamma is sized for the reuse
-    proposal, so the regular drafter's length adapts here instead (the same rule as the loop's:
-    +1 after a fully accepted proposal, -1 when less than half was accepted)."""
-
-    def __init__(
-        self, reuse: CompletionReuseDrafter, inner: Drafter | None, gamma: int, gamma_max: int
-    ) -> None:
-        self.name = REUSE if inner is None else f"{REUSE}+{inner.name}"
-        self._reuse = reuse
-        self._inner = inner
-        self._inner_k = max(1, gamma)
-        self._inner_max = max(1, gamma_max)
-        self._from_reuse = False
-        self._n = 0
-
-    def begin(self, settings: DecodeSettings) -> None:
-        if self._inner is not None:
-            self._inner.begin(settings)
-
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        out = self._reuse.propose(context, k)
-        self._from_reuse = bool(out)
-        if not out and self._inner is not None:
-            out = self._inner.propose(context, min(k, self._inner_k))
-        self._n = len(out)
-        return out
-
-    def observe(self, n_accepted: int) -> None:
-        if self._from_reuse:
-            self._reuse.observe(n_accepted)
-        elif self._inner is not None:
-            self._inner.observe(n_accepted)
-            if self._n and n_accepted >= self._n:
-                self._inner_k = min(self._inner_k + 1, self._inner_max)
-            elif 2 * n_accepted < self._n:
-                self._inner_k = max(self._inner_k - 1, 1)
-
-    def proposal_probs(self) -> np.ndarray | None:
-        if self._from_reuse or self._inner is None:
-            return None
-        return self._inner.proposal_probs()
-
-    def proposal_sources(self) -> Sequence[str]:
-        if self._from_reuse or self._inner is None:
-            return [REUSE] * self._n
-        names = list(self._inner.proposal_sources())
-        return names if len(names) >= self._n else [self._inner.name] * self._n
-
-
-class _TimedDrafter(Drafter):
-    """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else. When a
-    draft-model warm-up runs in the background (``prefetch``), the first use waits for it."""
-
-    def __init__(self, inner: Drafter) -> None:
-        self._inner = inner
-        self.name = inner.name
-        self.ms = 0.0
-        self.prefetch: threading.Thread | None = None
-
-    def join(self) -> None:
-        if self.prefetch is not None:
-            t0 = time.perf_counter()
-            self.prefetch.join()
-            self.prefetch = None
-            self.ms += (time.perf_counter() - t0) * 1e3
-
-    def begin(self, settings: DecodeSettings) -> None:
-        self.join()
-        self._inner.begin(settings)
-
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        self.join()
-        t0 = time.perf_counter()
-        try:
-            return self._inner.propose(context, k)
-        finally:
-            self.ms += (time.perf_counter() - t0) * 1e3
-
-    def observe(self, n_accepted: int) -> None:
-        t0 = time.perf_counter()
-        self._inner.observe(n_accepted)
-        self.ms += (time.perf_counter() - t0) * 1e3
-
-    def proposal_probs(self) -> np.ndarray | None:
-        return self._inner.proposal_probs()
-
-    def proposal_sources(self) -> Sequence[str]:
-        return self._inner.proposal_sources()
 
 
 class _KeyedLocks:
@@ -622,8 +461,8 @@ class OnnxEngine:
             hit = self._lru_lookup(key, request)
             if hit is not None:
                 if hit.raw:
-                    state.last = _LastCompletion(
-                        request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer.decode
+                    state.last = PreviousCompletion(
+                        request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer
                     )
                 with self._lock:
                     self._counters.cache_hits += 1
@@ -653,7 +492,7 @@ class OnnxEngine:
             drafter, reuse = None, False
         stop = TextStop(models.tokenizer, request.stop) if request.stop is not None else None
 
-        if isinstance(drafter, _TimedDrafter) and state.draft_drafter is not None and s.use_draft:
+        if isinstance(drafter, TimedDrafter) and state.draft_drafter is not None and s.use_draft:
             drafter.prefetch = self._warm_draft(state.draft_drafter, prompt.tokens)
         target: KVCache = cache if self._batcher is None else self._batcher.wrap(cache)
         try:
@@ -665,7 +504,7 @@ class OnnxEngine:
                 raise
             raise EngineError(f"generation failed: {exc}") from exc
         finally:
-            if isinstance(drafter, _TimedDrafter):
+            if isinstance(drafter, TimedDrafter):
                 drafter.join()  # never leave the warm-up running into the next request
             if isinstance(target, BatchedCache):
                 target.release()  # the document keeps its own KV, not views into a batch
@@ -679,15 +518,15 @@ class OnnxEngine:
             text = stop.text[: stop.cut]
         cancelled_now = out.stop_reason == "cancelled"
         if raw:
-            state.last = _LastCompletion(
-                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer.decode
+            state.last = PreviousCompletion(
+                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer
             )
         if key is not None and out.stop_reason in ("eos", "max_tokens", "stop"):
             self._lru_store(key, _LruEntry(list(out.tokens), out.stop_reason))
 
         ran = out.prefill_tokens > 0 or out.target_passes > 0
         reused = len(prompt.tokens) - out.prefill_tokens if ran else 0
-        draft_ms = drafter.ms if isinstance(drafter, _TimedDrafter) else 0.0
+        draft_ms = drafter.ms if isinstance(drafter, TimedDrafter) else 0.0
         with self._lock:
             c = self._counters
             c.tokens += len(out.tokens)
@@ -796,25 +635,21 @@ class OnnxEngine:
         reuse_drafter = self._reuse_drafter(models, state, request, prompt)
         drafter: Drafter | None = inner
         if reuse_drafter is not None:
-            drafter = _ReuseFirst(reuse_drafter, inner, s.gamma, s.gamma_max)
+            drafter = ReuseFirstDrafter(reuse_drafter, inner, s.gamma, s.gamma_max)
         if drafter is None:
             return None, False
-        return _TimedDrafter(drafter), reuse_drafter is not None
+        return TimedDrafter(drafter), reuse_drafter is not None
 
     def _reuse_drafter(
         self, models: LoadedModels, state: _DocState, request: CompletionRequest, prompt: Prompt
     ) -> CompletionReuseDrafter | None:
         last = state.last
-        if not self.settings.completion_reuse or last is None or not last.text:
+        if not self.settings.completion_reuse or last is None:
             return None
-        if request.suffix != last.suffix or not request.prefix.startswith(last.prefix):
+        typed = last.typed(request.prefix, request.suffix)
+        if typed is None:
             return None
-        typed = request.prefix[len(last.prefix) :]
-        if not last.text.startswith(typed) or len(typed) >= len(last.text):
-            return None
-        return CompletionReuseDrafter(
-            models.tokenizer, len(prompt.tokens), last, len(typed), self.settings.reuse_max_draft
-        )
+        return CompletionReuseDrafter(len(prompt.tokens), last, typed, self.settings.reuse_max_draft)
 
     # -- the finished-completion LRU ---------------------------------------------------------------
 

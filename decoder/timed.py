@@ -1,0 +1,52 @@
+"""A drafter wrapper that measures drafting time (the engine's ``draft_ms``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+from specls.decoder.api import DecodeSettings, Drafter
+
+
+class TimedDrafter(Drafter):
+    """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else. When a
+    draft-model warm-up runs in the background (``prefetch``), the first use waits for it (and that
+    wait counts as drafting time)."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self._inner = inner
+        self.name = inner.name
+        self.ms = 0.0
+        self.prefetch: threading.Thread | None = None
+
+    def join(self) -> None:
+        if self.prefetch is not None:
+            t0 = time.perf_counter()
+            self.prefetch.join()
+            self.prefetch = None
+            self.ms += (time.perf_counter() - t0) * 1e3
+
+    def begin(self, settings: DecodeSettings) -> None:
+        self.join()
+        self._inner.begin(settings)
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        self.join()
+        t0 = time.perf_counter()
+        try:
+            return self._inner.propose(context, k)
+        finally:
+            self.ms += (time.perf_counter() - t0) * 1e3
+
+    def observe(self, n_accepted: int) -> None:
+        t0 = time.perf_counter()
+        self._inner.observe(n_accepted)
+        self.ms += (time.perf_counter() - t0) * 1e3
+
+    def proposal_probs(self) -> np.ndarray | None:
+        return self._inner.proposal_probs()
+
+    def proposal_sources(self) -> Sequence[str]:
+        return self._inner.proposal_sources()
