@@ -19,7 +19,6 @@ state under a short lock).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from specls.completion_cache import CompletionCache
 from specls.decoder.api import (
     CancelCheck,
     CausalLM,
@@ -127,21 +127,6 @@ class _DocState:
 
 
 @dataclass
-class _LruEntry:
-    tokens: list[int]
-    stop_reason: str
-
-
-@dataclass
-class _LruHit:
-    text: str  # after this request's stop
-    raw: str  # everything the entry generated
-    reason: str
-    n_tokens: int
-    tokens: list[int]
-
-
-@dataclass
 class _Counters:
     requests: int = 0
     cancelled: int = 0
@@ -231,7 +216,7 @@ class OnnxEngine:
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
         self._pending: dict[str, str | None] = {}  # doc -> new text (None = closed) not yet indexed
         self._indexed: dict[str, tuple[str, float]] = {}  # doc -> (indexed text, monotonic time)
-        self._lru: OrderedDict[bytes, _LruEntry] = OrderedDict()
+        self._completions: CompletionCache | None = None
         self._counters = _Counters()
         self._latency_ms: deque[float] = deque(maxlen=2000)
         self._index: NgramIndex | None = None
@@ -297,6 +282,7 @@ class OnnxEngine:
         say("ready", 1.0)
 
     def _init_parts(self, models: LoadedModels) -> None:
+        self._completions = CompletionCache(self.settings.lru_size, models.tokenizer)
         budget = self.settings.budget or models.budget
         self._builder = PromptBuilder(models.tokenizer, models.fim, budget, models.start_ids)
         self._encoder = DocumentEncoder(models.tokenizer)
@@ -454,11 +440,12 @@ class OnnxEngine:
             return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
         state = self._doc(request.doc_id)
         greedy = s.temperature <= 0.0
-        key = self._lru_key(prompt.tokens, max_new) if greedy and s.lru_size > 0 else None
+        key = CompletionCache.key(prompt.tokens, max_new) if greedy and s.lru_size > 0 else None
 
         # 1. the finished-completion LRU: zero model calls
         if key is not None:
-            hit = self._lru_lookup(key, request)
+            assert self._completions is not None
+            hit = self._completions.lookup(key, request.stop)
             if hit is not None:
                 if hit.raw:
                     state.last = PreviousCompletion(
@@ -521,8 +508,9 @@ class OnnxEngine:
             state.last = PreviousCompletion(
                 request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer
             )
-        if key is not None and out.stop_reason in ("eos", "max_tokens", "stop"):
-            self._lru_store(key, _LruEntry(list(out.tokens), out.stop_reason))
+        if key is not None:
+            assert self._completions is not None
+            self._completions.store(key, out.tokens, out.stop_reason)
 
         ran = out.prefill_tokens > 0 or out.target_passes > 0
         reused = len(prompt.tokens) - out.prefill_tokens if ran else 0
@@ -650,42 +638,6 @@ class OnnxEngine:
         if typed is None:
             return None
         return CompletionReuseDrafter(len(prompt.tokens), last, typed, self.settings.reuse_max_draft)
-
-    # -- the finished-completion LRU ---------------------------------------------------------------
-
-    @staticmethod
-    def _lru_key(tokens: Sequence[int], max_new: int) -> bytes:
-        h = hashlib.blake2b(np.asarray(tokens, dtype=np.int64).tobytes(), digest_size=16)
-        h.update(int(max_new).to_bytes(8, "little"))
-        return h.digest()
-
-    def _lru_store(self, key: bytes, entry: _LruEntry) -> None:
-        with self._lock:
-            self._lru[key] = entry
-            self._lru.move_to_end(key)
-            while len(self._lru) > self.settings.lru_size:
-                self._lru.popitem(last=False)
-
-    def _lru_lookup(self, key: bytes, request: CompletionRequest) -> _LruHit | None:
-        """The entry replayed with this request's stop, or None. An entry cut by another request's
-        stop answers only if this stop cuts within it."""
-        with self._lock:
-            entry = self._lru.get(key)
-            if entry is not None:
-                self._lru.move_to_end(key)
-        if entry is None:
-            return None
-        tok = self.models.tokenizer
-        raw = visible_text(tok.decode(entry.tokens)) if entry.tokens else ""
-        if request.stop is not None:
-            stop = TextStop(tok, request.stop)
-            for i in range(1, len(entry.tokens) + 1):
-                if stop(entry.tokens[:i]):
-                    assert stop.cut is not None
-                    return _LruHit(stop.text[: stop.cut], raw, "stop", i, entry.tokens)
-        if entry.stop_reason == "stop":
-            return None
-        return _LruHit(raw, raw, entry.stop_reason, len(entry.tokens), entry.tokens)
 
     # -- stats -----------------------------------------------------------------------------------
 
