@@ -45,8 +45,8 @@ from specls.decoder.api import (
     never_cancelled,
 )
 from specls.decoder.batching import BatchedCache, BatchSettings, PassBatcher
+from specls.decoder.buffer_index import BufferIndex, ReindexPolicy
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
-from specls.decoder.ngram import NgramIndex
 from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
 from specls.decoder.text import TextStop
 from specls.decoder.timed import TimedDrafter
@@ -174,20 +174,6 @@ class _KeyedLocks:
             return len(self._locks)
 
 
-def common_prefix_chars(a: str, b: str) -> int:
-    """Length of the common prefix of two strings (binary search over slice compares, done in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while lo < hi:  # invariant: a[:lo] == b[:lo], a[:hi+1] != b[:hi+1] (hi exclusive of a match)
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 def _percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return 0.0
@@ -214,12 +200,15 @@ class OnnxEngine:
         self._doc_locks = _KeyedLocks()  # with batching: one complete() at a time per document
         self._batcher: PassBatcher | None = None
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
-        self._pending: dict[str, str | None] = {}  # doc -> new text (None = closed) not yet indexed
-        self._indexed: dict[str, tuple[str, float]] = {}  # doc -> (indexed text, monotonic time)
         self._completions: CompletionCache | None = None
         self._counters = _Counters()
         self._latency_ms: deque[float] = deque(maxlen=2000)
-        self._index: NgramIndex | None = None
+        # the open buffers for prompt lookup (None: lookup off)
+        self._buffers: BufferIndex | None = None
+        if settings.speculate and settings.use_lookup:
+            self._buffers = BufferIndex(
+                ReindexPolicy(settings.reindex_max_chars, settings.reindex_interval_s)
+            )
         self._builder: PromptBuilder | None = None
         self._encoder: DocumentEncoder | None = None
         # the last computed request's prompt and generated tokens (benchmarks and debugging)
@@ -286,8 +275,6 @@ class OnnxEngine:
         budget = self.settings.budget or models.budget
         self._builder = PromptBuilder(models.tokenizer, models.fim, budget, models.start_ids)
         self._encoder = DocumentEncoder(models.tokenizer)
-        if self.settings.speculate and self.settings.use_lookup:
-            self._index = NgramIndex()
         self._batcher = self._make_batcher(models.target)
 
     def _make_batcher(self, target: CausalLM) -> PassBatcher | None:
@@ -321,15 +308,14 @@ class OnnxEngine:
     # -- documents -------------------------------------------------------------------------------
 
     def update_document(self, doc_id: str, text: str) -> None:
-        with self._lock:
-            self._pending[doc_id] = text
+        if self._buffers is not None:
+            self._buffers.update(doc_id, text)
 
     def close_document(self, doc_id: str) -> None:
         with self._lock:
-            self._pending[doc_id] = None  # (removes it again after a flush that raced with this)
             self._docs.pop(doc_id, None)  # frees its KV caches (a running request keeps its own ref)
-        if self._index is not None:
-            self._index.remove(doc_id)  # the index has its own lock
+        if self._buffers is not None:
+            self._buffers.close(doc_id)
 
     def flush(self) -> None:
         """Index every pending document update now (``complete`` defers big re-indexing of a buffer
@@ -339,40 +325,9 @@ class OnnxEngine:
             self._flush_pending(force=True)
 
     def _flush_pending(self, force: bool = False) -> None:
-        """Apply pending buffer texts to the n-gram index. A buffer is re-indexed from its first
-        changed position to its end, which for an edit in the middle of a big file costs far more than
-        a keystroke should (and a team server sees every client's keystrokes): an update whose changed
-        tail exceeds ``reindex_max_chars`` waits until that buffer has not been re-indexed for
-        ``reindex_interval_s`` (unless ``force``). New buffers are indexed at once. Output never
-        depends on this (only what prompt lookup can find); the completed buffer's text near the
-        cursor is in the prompt, which the lookup drafter indexes on its own."""
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        if self._index is None or self._encoder is None:
-            return
-        now = time.monotonic()
-        deferred: dict[str, str] = {}
-        for doc_id, text in pending.items():
-            if text is None:
-                self._index.remove(doc_id)
-                self._indexed.pop(doc_id, None)
-                continue
-            old = self._indexed.get(doc_id)
-            if old is not None and not force:
-                old_text, when = old
-                changed_tail = len(text) - common_prefix_chars(old_text, text)
-                if (
-                    changed_tail > self.settings.reindex_max_chars
-                    and now - when < self.settings.reindex_interval_s
-                ):
-                    deferred[doc_id] = text
-                    continue
-            self._index.update(doc_id, self._encoder.encode(text))
-            self._indexed[doc_id] = (text, now)
-        if deferred:
-            with self._lock:
-                for doc_id, text in deferred.items():
-                    self._pending.setdefault(doc_id, text)  # a newer text may have arrived meanwhile
+        """Apply pending buffer texts to the prompt-lookup index (``BufferIndex.flush``)."""
+        if self._buffers is not None and self._encoder is not None:
+            self._buffers.flush(self._encoder.encode, force)
 
     def _doc(self, doc_id: str) -> _DocState:
         with self._lock:
@@ -605,9 +560,9 @@ class OnnxEngine:
             return None, False
         # per document, so their own indexes/caches carry over between keystrokes
         lookup = None
-        if s.use_lookup and self._index is not None:
+        if self._buffers is not None:
             if state.lookup_drafter is None:
-                state.lookup_drafter = PromptLookupDrafter(self._index, s.drafters)
+                state.lookup_drafter = PromptLookupDrafter(self._buffers.index, s.drafters)
             lookup = state.lookup_drafter
             lookup.set_suffix(prompt.suffix_tokens)
         model = None
@@ -674,7 +629,7 @@ class OnnxEngine:
                 "latency_ms_p50": _percentile(lat, 50),
                 "latency_ms_p95": _percentile(lat, 95),
                 "documents": len(self._docs),
-                "indexed_documents": len(self._index) if self._index is not None else 0,
+                "indexed_documents": len(self._buffers) if self._buffers is not None else 0,
                 "kv_tokens": kv_tokens,
                 "provider": self._models.provider if self._models is not None else None,
                 "ready": self._models is not None,

@@ -357,8 +357,9 @@ def test_big_reindex_of_a_buffer_waits() -> None:
     doc, other = "file:///w/a.py", "file:///w/b.py"
     engine.update_document(doc, SOURCE)
     engine.complete(request(POINTS[0], max_tokens=2, doc=doc))
-    index = engine._index
-    assert index is not None and index.tokens(doc) == models.tokenizer.encode(SOURCE)
+    assert engine._buffers is not None
+    index = engine._buffers.index
+    assert index.tokens(doc) == models.tokenizer.encode(SOURCE)
     edited = "# top\n" + SOURCE  # an edit far from the end: re-indexing would redo the whole buffer
     engine.update_document(doc, edited)
     engine.update_document(other, "x = 1\n")
