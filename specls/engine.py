@@ -227,6 +227,7 @@ class OnnxEngine:
         say = progress or (lambda message, fraction: None)
         s = self.settings
         try:
+            from specls.models.facts import model_facts
             from specls.models.loader import check_pair, load_model, resolve_model_dir
             from specls.models.runtime import RuntimeSettings
         except ImportError as exc:  # pragma: no cover - an incomplete install
@@ -246,25 +247,22 @@ class OnnxEngine:
             raise
         except (OSError, ValueError, RuntimeError) as exc:
             raise EngineError(f"cannot load model: {exc}") from exc
-        spec = target.spec
-        tokenizer = target.tokenizer
         try:
-            from specls.models.fim import prompt_facts
-
-            facts = prompt_facts(spec.fim, spec.eos_token_ids, spec.max_context, tokenizer)
+            facts = model_facts(target)
         except ValueError as exc:
             raise EngineError(f"model {target_dir}: {exc}") from exc
-        logger.info("prompt: FIM family %s, budget %s", facts.family, facts.budget)
+        prompt = facts.prompt
+        logger.info("prompt: FIM family %s, budget %s", prompt.family, prompt.budget)
         models = LoadedModels(
             target=target,
-            tokenizer=tokenizer,
-            fim=facts.fim,
-            eos_ids=facts.eos_ids,
+            tokenizer=target.tokenizer,
+            fim=prompt.fim,
+            eos_ids=prompt.eos_ids,
             draft=draft,
-            provider=str(getattr(target, "provider", "cpu")),
-            max_positions=int(getattr(spec, "max_context", 0) or 1024),
-            budget=facts.budget,
-            start_ids=facts.start_ids,
+            provider=facts.provider,
+            max_positions=facts.max_positions,
+            budget=prompt.budget,
+            start_ids=prompt.start_ids,
         )
         self._init_parts(models)
         self._models = models

@@ -24,9 +24,12 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from specls.decoder.text import visible_text as visible_text  # re-exported (tests, callers)
+
+if TYPE_CHECKING:  # specls.models.fim builds on this module
+    from specls.models.fim import FimTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -117,42 +120,28 @@ class Prompt:
     context_docs_used: int = 0
 
 
-def fim_tokens_from_template(template: object, tokenizer: TextTokenizer) -> FimTokens:
-    """Resolve a ``specls.models.fim.FimTemplate`` (duck-typed) against a tokenizer's vocabulary.
+def fim_tokens_from_template(template: FimTemplate, tokenizer: TextTokenizer) -> FimTokens:
+    """Resolve a FIM template against a tokenizer's vocabulary: the prefix/suffix/middle tokens must
+    exist (ValueError naming the missing one); a missing file separator or EOS string is left out."""
 
-    Raises ValueError naming the missing token."""
+    def required(text: str, field: str) -> int:
+        tid = tokenizer.token_to_id(text)
+        if tid is None:
+            raise ValueError(f"FIM token {text!r} ({field}) is not in the tokenizer's vocabulary")
+        return tid
 
-    def tok_id(attr_names: Sequence[str], required: bool) -> int | None:
-        for attr in attr_names:
-            text = getattr(template, attr, None)
-            if isinstance(text, str) and text:
-                tid = tokenizer.token_to_id(text)
-                if tid is None:
-                    if required:
-                        raise ValueError(f"FIM token {text!r} ({attr}) is not in the tokenizer's vocabulary")
-                    return None
-                return tid
-        if required:
-            raise ValueError(f"FIM template has none of the fields {list(attr_names)}")
-        return None
-
-    prefix_id = tok_id(("prefix", "prefix_token", "fim_prefix"), True)
-    suffix_id = tok_id(("suffix", "suffix_token", "fim_suffix"), True)
-    middle_id = tok_id(("middle", "middle_token", "fim_middle"), True)
-    file_sep_id = tok_id(("file_sep", "file_separator", "file_sep_token"), False)
-    eos: set[int] = set()
-    for attr in ("eos", "eos_tokens", "eos_strings"):
-        value = getattr(template, attr, None)
-        strings = [value] if isinstance(value, str) else list(value or ())
-        for s in strings:
-            tid = tokenizer.token_to_id(s)
-            if tid is not None:
-                eos.add(tid)
-    order = str(getattr(template, "order", "psm")).lower()
-    if order not in ("psm", "spm"):
-        raise ValueError(f"unknown FIM order {order!r}")
-    assert prefix_id is not None and suffix_id is not None and middle_id is not None
-    return FimTokens(order, prefix_id, suffix_id, middle_id, file_sep_id, frozenset(eos))
+    if template.order not in ("psm", "spm"):
+        raise ValueError(f"unknown FIM order {template.order!r}")
+    file_sep_id = tokenizer.token_to_id(template.file_sep) if template.file_sep else None
+    eos = {tid for tid in (tokenizer.token_to_id(s) for s in template.eos) if tid is not None}
+    return FimTokens(
+        template.order,
+        required(template.prefix, "prefix"),
+        required(template.suffix, "suffix"),
+        required(template.middle, "middle"),
+        file_sep_id,
+        frozenset(eos),
+    )
 
 
 def split_lines(text: str) -> list[str]:
