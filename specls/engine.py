@@ -22,15 +22,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from specls.completion_cache import CompletionCache
+from specls.completion_cache import CacheHit, CompletionCache
 from specls.decoder.api import (
     CancelCheck,
     CausalLM,
@@ -39,7 +37,6 @@ from specls.decoder.api import (
     DecodeResult,
     DecodeSettings,
     Drafter,
-    DrafterStats,
     EngineError,
     KVCache,
     never_cancelled,
@@ -50,6 +47,7 @@ from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDr
 from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
 from specls.decoder.text import TextStop
 from specls.decoder.timed import TimedDrafter
+from specls.engine_stats import EngineCounters
 from specls.prompt import (
     DocumentEncoder,
     FimTokens,
@@ -126,26 +124,6 @@ class _DocState:
     last: PreviousCompletion | None = None  # for completion reuse
 
 
-@dataclass
-class _Counters:
-    requests: int = 0
-    cancelled: int = 0
-    empty: int = 0
-    errors: int = 0
-    tokens: int = 0
-    target_passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0
-    prefix_reused_tokens: int = 0
-    prefix_reuse_hits: int = 0
-    completion_reuse_hits: int = 0
-    cache_hits: int = 0
-    draft_ms: float = 0.0
-    per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
-
-
 class _KeyedLocks:
     """One lock per key, created on first use and dropped when nobody holds or waits for it."""
 
@@ -174,35 +152,20 @@ class _KeyedLocks:
             return len(self._locks)
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
-
-
-def _merge_stats(into: dict[str, DrafterStats], new: dict[str, DrafterStats]) -> None:
-    for name, s in new.items():
-        t = into.setdefault(name, DrafterStats())
-        t.drafted += s.drafted
-        t.accepted += s.accepted
-        t.proposals += s.proposals
-
-
 class OnnxEngine:
     """The in-process Engine (see the module docstring)."""
 
     def __init__(self, settings: EngineSettings, models: LoadedModels | None = None) -> None:
         self.settings = settings
         self._models = models
-        self._lock = threading.Lock()  # documents, pending texts, counters
+        self._lock = threading.Lock()  # the documents' states
         self._run_lock = threading.Lock()  # one complete() at a time (without batching)
         self._prep_lock = threading.Lock()  # index updates and prompt building
         self._doc_locks = _KeyedLocks()  # with batching: one complete() at a time per document
         self._batcher: PassBatcher | None = None
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
         self._completions: CompletionCache | None = None
-        self._counters = _Counters()
-        self._latency_ms: deque[float] = deque(maxlen=2000)
+        self._counters = EngineCounters()
         # the open buffers for prompt lookup (None: lookup off)
         self._buffers: BufferIndex | None = None
         if settings.speculate and settings.use_lookup:
@@ -361,78 +324,134 @@ class OnnxEngine:
         try:
             result = self._complete(models, request, cancelled)
         except EngineError:
-            with self._lock:
-                self._counters.errors += 1
+            self._counters.error()
             raise
-        ms = (time.perf_counter() - t0) * 1e3
-        with self._lock:
-            c = self._counters
-            c.requests += 1
-            c.cancelled += int(result.cancelled)
-            c.empty += int(not result.text)
-            if not result.cancelled:
-                self._latency_ms.append(ms)
+        self._counters.request(result.cancelled, not result.text, (time.perf_counter() - t0) * 1e3)
         return result
 
     def _complete(
         self, models: LoadedModels, request: CompletionRequest, cancelled: CancelCheck
     ) -> CompletionResult:
-        s = self.settings
+        """One completion: prompt, then the finished-completion cache, else a decode on the
+        document's KV cache with its drafters; the document remembers what it produced."""
         provider = models.provider
         if request.max_tokens <= 0:
             return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
         if cancelled():
             return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider=provider)
-        assert self._builder is not None
-        with self._prep_lock:
-            self._flush_pending()
-            prompt = self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
+        prompt = self._prompt(request)
         max_new = min(request.max_tokens, models.max_positions - len(prompt.tokens))
         if max_new <= 0:
             logger.warning("prompt of %d tokens leaves no room to generate", len(prompt.tokens))
             return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
         state = self._doc(request.doc_id)
-        greedy = s.temperature <= 0.0
-        key = CompletionCache.key(prompt.tokens, max_new) if greedy and s.lru_size > 0 else None
-
-        # 1. the finished-completion LRU: zero model calls
+        greedy = self.settings.temperature <= 0.0
+        key = CompletionCache.key(prompt.tokens, max_new) if greedy and self.settings.lru_size > 0 else None
         if key is not None:
-            assert self._completions is not None
-            hit = self._completions.lookup(key, request.stop)
+            hit = self.completions.lookup(key, request.stop)
             if hit is not None:
-                if hit.raw:
-                    state.last = PreviousCompletion(
-                        request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer
-                    )
-                with self._lock:
-                    self._counters.cache_hits += 1
-                    self._counters.prompt_tokens += len(prompt.tokens)
-                return CompletionResult(
-                    text=hit.text,
-                    tokens=hit.n_tokens,
-                    stop_reason=hit.reason,
-                    cache_hit=True,
-                    provider=provider,
-                )
+                return self._replay(models, state, request, len(prompt.tokens), hit)
 
-        # 2. the document's KV cache, truncated to the longest common token prefix
-        cache = state.cache
-        if cache is None or not s.prefix_reuse:
-            cache = models.target.new_cache()
-            state.cache, state.tokens = cache, []
-        keep = longest_common_prefix(state.tokens, prompt.tokens) if s.prefix_reuse else 0
-        keep = min(keep, cache.length)
-        cache.truncate(keep)
-        state.tokens = state.tokens[:keep]
-
-        # 3. drafters
+        cache = self._prefix_cache(models, state, prompt.tokens)
         drafter, reuse = self._drafter(models, state, request, prompt)
         settings = self._decode_settings(max_new, reuse, request.speculation_cap)
         if settings.gamma_max <= 0:
             drafter, reuse = None, False
         stop = TextStop(models.tokenizer, request.stop) if request.stop is not None else None
+        out = self._decode(models, state, cache, prompt, drafter, settings, cancelled, stop)
 
-        if isinstance(drafter, TimedDrafter) and state.draft_drafter is not None and s.use_draft:
+        raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
+        text = stop.text[: stop.cut] if stop is not None and stop.cut is not None else raw
+        if raw:
+            state.last = PreviousCompletion(
+                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer
+            )
+        if key is not None:
+            self.completions.store(key, out.tokens, out.stop_reason)
+        ran = out.prefill_tokens > 0 or out.target_passes > 0
+        reused = len(prompt.tokens) - out.prefill_tokens if ran else 0
+        draft_ms = drafter.ms if isinstance(drafter, TimedDrafter) else 0.0
+        self._counters.decoded(out, len(prompt.tokens), reused, reuse, draft_ms)
+        return CompletionResult(
+            text=text,
+            tokens=len(out.tokens),
+            stop_reason=out.stop_reason,
+            cancelled=out.stop_reason == "cancelled",
+            target_passes=out.target_passes,
+            drafted=out.drafted,
+            accepted=out.accepted,
+            per_drafter=out.per_drafter,
+            prefill_tokens=out.prefill_tokens,
+            prefill_ms=out.prefill_ms,
+            decode_ms=out.decode_ms,
+            prefix_reused_tokens=reused,
+            completion_reuse=reuse,
+            cache_hit=False,
+            provider=provider,
+        )
+
+    @property
+    def completions(self) -> CompletionCache:
+        if self._completions is None:
+            raise EngineError("the engine is not loaded")
+        return self._completions
+
+    def _prompt(self, request: CompletionRequest) -> Prompt:
+        """The request's FIM prompt, after indexing the buffer updates that came in (serialised)."""
+        assert self._builder is not None
+        with self._prep_lock:
+            self._flush_pending()
+            return self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
+
+    def _replay(
+        self,
+        models: LoadedModels,
+        state: _DocState,
+        request: CompletionRequest,
+        prompt_tokens: int,
+        hit: CacheHit,
+    ) -> CompletionResult:
+        """A completion answered from the finished-completion cache: zero model calls."""
+        if hit.raw:
+            state.last = PreviousCompletion(
+                request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer
+            )
+        self._counters.cache_hit(prompt_tokens)
+        return CompletionResult(
+            text=hit.text,
+            tokens=hit.n_tokens,
+            stop_reason=hit.reason,
+            cache_hit=True,
+            provider=models.provider,
+        )
+
+    def _prefix_cache(self, models: LoadedModels, state: _DocState, prompt: list[int]) -> KVCache:
+        """The document's target KV cache truncated to its longest common token prefix with ``prompt``
+        (only the rest is prefilled), or a new one."""
+        cache = state.cache
+        reuse = self.settings.prefix_reuse
+        if cache is None or not reuse:
+            cache = models.target.new_cache()
+            state.cache, state.tokens = cache, []
+        keep = min(longest_common_prefix(state.tokens, prompt) if reuse else 0, cache.length)
+        cache.truncate(keep)
+        state.tokens = state.tokens[:keep]
+        return cache
+
+    def _decode(
+        self,
+        models: LoadedModels,
+        state: _DocState,
+        cache: KVCache,
+        prompt: Prompt,
+        drafter: Drafter | None,
+        settings: DecodeSettings,
+        cancelled: CancelCheck,
+        stop: TextStop | None,
+    ) -> DecodeResult:
+        """The decode loop on the document's cache (through the batcher when batching); afterwards
+        the document's state says what its cache holds. A failed decode drops the cache."""
+        if isinstance(drafter, TimedDrafter) and state.draft_drafter is not None and self.settings.use_draft:
             drafter.prefetch = self._warm_draft(state.draft_drafter, prompt.tokens)
         target: KVCache = cache if self._batcher is None else self._batcher.wrap(cache)
         try:
@@ -448,56 +467,9 @@ class OnnxEngine:
                 drafter.join()  # never leave the warm-up running into the next request
             if isinstance(target, BatchedCache):
                 target.release()  # the document keeps its own KV, not views into a batch
-        full = [*prompt.tokens, *out.tokens]
         self.last_prompt, self.last_tokens = list(prompt.tokens), list(out.tokens)
-        state.tokens = full[: cache.length]
-
-        raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
-        text = raw
-        if stop is not None and stop.cut is not None:
-            text = stop.text[: stop.cut]
-        cancelled_now = out.stop_reason == "cancelled"
-        if raw:
-            state.last = PreviousCompletion(
-                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer
-            )
-        if key is not None:
-            assert self._completions is not None
-            self._completions.store(key, out.tokens, out.stop_reason)
-
-        ran = out.prefill_tokens > 0 or out.target_passes > 0
-        reused = len(prompt.tokens) - out.prefill_tokens if ran else 0
-        draft_ms = drafter.ms if isinstance(drafter, TimedDrafter) else 0.0
-        with self._lock:
-            c = self._counters
-            c.tokens += len(out.tokens)
-            c.target_passes += out.target_passes
-            c.drafted += out.drafted
-            c.accepted += out.accepted
-            c.prompt_tokens += len(prompt.tokens)
-            c.prefill_tokens += out.prefill_tokens
-            c.prefix_reused_tokens += reused
-            c.prefix_reuse_hits += int(reused > 0)
-            c.completion_reuse_hits += int(reuse)
-            c.draft_ms += draft_ms
-            _merge_stats(c.per_drafter, out.per_drafter)
-        return CompletionResult(
-            text=text,
-            tokens=len(out.tokens),
-            stop_reason=out.stop_reason,
-            cancelled=cancelled_now,
-            target_passes=out.target_passes,
-            drafted=out.drafted,
-            accepted=out.accepted,
-            per_drafter=out.per_drafter,
-            prefill_tokens=out.prefill_tokens,
-            prefill_ms=out.prefill_ms,
-            decode_ms=out.decode_ms,
-            prefix_reused_tokens=reused,
-            completion_reuse=reuse,
-            cache_hit=False,
-            provider=provider,
-        )
+        state.tokens = [*prompt.tokens, *out.tokens][: cache.length]
+        return out
 
     def _generate(
         self,
@@ -596,52 +568,24 @@ class OnnxEngine:
 
     def stats(self) -> dict[str, object]:
         with self._lock:
-            c = self._counters
-            lat = list(self._latency_ms)
-            computed = max(1, c.requests - c.cache_hits)
+            documents = len(self._docs)
             kv_tokens = sum(d.cache.length for d in self._docs.values() if d.cache is not None)
-            return {
-                "requests": c.requests,
-                "cancelled": c.cancelled,
-                "empty": c.empty,
-                "errors": c.errors,
-                "tokens_generated": c.tokens,
-                "target_passes": c.target_passes,
-                "tokens_per_pass": c.tokens / c.target_passes if c.target_passes else 0.0,
-                "drafted": c.drafted,
-                "accepted": c.accepted,
-                "acceptance": c.accepted / c.drafted if c.drafted else 0.0,
-                "per_drafter": {
-                    name: {"drafted": d.drafted, "accepted": d.accepted, "proposals": d.proposals}
-                    for name, d in c.per_drafter.items()
-                },
-                "draft_ms": round(c.draft_ms, 3),
-                "prompt_tokens": c.prompt_tokens,
-                "prefill_tokens": c.prefill_tokens,
-                "prefix_reused_tokens": c.prefix_reused_tokens,
-                "prefix_reuse_hit_rate": c.prefix_reuse_hits / computed,
-                "completion_reuse_hits": c.completion_reuse_hits,
-                "completion_reuse_hit_rate": c.completion_reuse_hits / computed,
-                "cache_hits": c.cache_hits,
-                "cache_hit_rate": c.cache_hits / c.requests if c.requests else 0.0,
-                "latency_ms_p50": _percentile(lat, 50),
-                "latency_ms_p95": _percentile(lat, 95),
-                "documents": len(self._docs),
-                "indexed_documents": len(self._buffers) if self._buffers is not None else 0,
-                "kv_tokens": kv_tokens,
-                "provider": self._models.provider if self._models is not None else None,
-                "ready": self._models is not None,
-                "batching": (
-                    {"enabled": True, **self._batcher.snapshot()}
-                    if self._batcher is not None
-                    else {"enabled": False, "max_batch": self.settings.batching.max_batch}
-                ),
-            }
+        return {
+            **self._counters.snapshot(),
+            "documents": documents,
+            "indexed_documents": len(self._buffers) if self._buffers is not None else 0,
+            "kv_tokens": kv_tokens,
+            "provider": self._models.provider if self._models is not None else None,
+            "ready": self._models is not None,
+            "batching": (
+                {"enabled": True, **self._batcher.snapshot()}
+                if self._batcher is not None
+                else {"enabled": False, "max_batch": self.settings.batching.max_batch}
+            ),
+        }
 
     def reset_stats(self) -> None:
-        with self._lock:
-            self._counters = _Counters()
-            self._latency_ms.clear()
+        self._counters.reset()
 
     def with_settings(self, settings: EngineSettings) -> OnnxEngine:
         """A new engine sharing this one's loaded models (documents, caches and stats are its own)."""
