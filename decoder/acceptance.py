@@ -20,8 +20,20 @@ def greedy_accept(draft: np.ndarray, target_logits: np.ndarray) -> tuple[int, in
     k = int(len(draft))
     if target_logits.shape[0] < k + 1:
         raise ValueError(f"target_logits has {target_logits.shape[0]} rows, need {k + 1} for {k} drafts")
-    best = np.argmax(target_logits[: k + 1], axis=-1)  # best: [k+1]
-    mismatch = np.flatnonzero(best[:k] != np.asarray(draft, dtype=best.dtype))  # [m]
+    return greedy_accept_ids(draft, np.argmax(target_logits[: k + 1], axis=-1))
+
+
+def greedy_accept_ids(draft: np.ndarray, target_ids: np.ndarray) -> tuple[int, int]:
+    """``greedy_accept`` on the target's argmax ids ([k+1], e.g. taken on the device), not its logits.
+
+    Example: draft [5, 7, 9], target ids [5, 7, 2, 4] -> (2, 2): 5 and 7 accepted, 2 replaces 9;
+    draft [5, 7], target ids [5, 7, 3] -> (2, 3): all accepted, 3 is the bonus token.
+    """
+    k = int(len(draft))
+    if target_ids.shape[0] < k + 1:
+        raise ValueError(f"target ids has {target_ids.shape[0]} entries, need {k + 1} for {k} drafts")
+    best = np.asarray(target_ids[: k + 1], dtype=np.int64)  # best: [k+1]
+    mismatch = np.flatnonzero(best[:k] != np.asarray(draft, dtype=np.int64))  # [m]
     n = int(mismatch[0]) if mismatch.size else k
     return n, int(best[n])
 

@@ -29,9 +29,9 @@ class KVCache(Protocol):
 
     ``forward`` appends ``ids`` after the ``length`` cached positions and returns the logits of every
     new position; ``truncate(n)`` rolls the cache back to its first ``n`` positions (exact: a slice on
-    the sequence axis). ``append`` (a prefill: logits nobody reads) and ``forward_last`` (a catch-up:
-    only the last position's logits) let a model skip the vocabulary projection of the other
-    positions or keep them on its device; ``compact`` lets a cache give back memory it shares after a
+    the sequence axis). ``append`` (a prefill: logits nobody reads), ``forward_last`` (a catch-up:
+    only the last position's logits) and ``forward_greedy`` (a greedy verify pass: only the argmax
+    ids) let a model skip the vocabulary projection of the other positions or keep them on its device; ``compact`` lets a cache give back memory it shares after a
     batched pass. The bodies here are what a cache without such tricks does (subclass to get them).
     """
 
@@ -51,6 +51,12 @@ class KVCache(Protocol):
     def forward_last(self, ids: Sequence[int]) -> np.ndarray:
         """ids: [n] -> the last position's logits: [vocab]. Cache grows by n."""
         return self.forward(ids)[-1]
+
+    def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
+        """ids: [n] -> each position's argmax: [n] int64 (ties: the lowest id, as ``np.argmax``), for
+        greedy verification; a device cache takes it there and copies n ids, not [n, vocab] logits.
+        Cache grows by n."""
+        return np.asarray(np.argmax(self.forward(ids), axis=-1), dtype=np.int64)
 
     def compact(self) -> None:
         """Own the KV again after passes that shared it (a batched pass); nothing to do by default."""

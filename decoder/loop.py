@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from specls.decoder.acceptance import greedy_accept, process_logits, rejection_accept
+from specls.decoder.acceptance import greedy_accept_ids, process_logits, rejection_accept
 from specls.decoder.api import (
     CancelCheck,
     DecodeResult,
@@ -150,16 +150,18 @@ def generate(
                 drafter, draft, q = None, [], None
         t_target = clock()
         base = target.length  # == len(seq) - 1
-        logits = target.forward([seq[-1], *draft])  # logits: [n+1, vocab]
-        t_done = clock()
-        result.target_passes += 1
         if sampling:
+            logits = target.forward([seq[-1], *draft])  # logits: [n+1, vocab]
+            t_done = clock()
             p = process_logits(logits, settings.temperature, settings.top_k, settings.top_p)  # [n+1, vocab]
             if q is not None and q.shape[-1] != p.shape[-1]:
                 q = _fit_vocab(q, p.shape[-1])
             n_acc, nxt = rejection_accept(np.asarray(draft, dtype=np.int64), q, p, rng)
-        else:
-            n_acc, nxt = greedy_accept(np.asarray(draft, dtype=np.int64), logits)
+        else:  # only the argmax ids come back (on a device cache they are taken there)
+            best = target.forward_greedy([seq[-1], *draft])  # best: [n+1]
+            t_done = clock()
+            n_acc, nxt = greedy_accept_ids(np.asarray(draft, dtype=np.int64), best)
+        result.target_passes += 1
         if draft:
             assert drafter is not None
             drafter.observe(n_acc)

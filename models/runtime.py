@@ -9,7 +9,8 @@ slice on the sequence axis.
 
 CUDA (``BoundKVCache``): past KV stays on the device as OrtValues bound through IOBinding; only
 ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice graph on the device
-(``_DeviceOps``, no host round trip); ``forward_greedy`` takes the argmax there too.
+(``_DeviceOps``, no host round trip); ``forward_greedy`` (the decode loop's greedy verify passes)
+takes the argmax there too, so only n ids come down instead of [n, vocab] logits.
 
 Batched passes (``OnnxCausalLM.forward_batch``): several caches advance in one ORT run of the model's
 dynamic-batch graph (``ModelSpec.batch_onnx_file``, or the main graph when its batch axis is dynamic).
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from specls.decoder.api import CausalLM, KVCache
 from specls.models.spec import LOGITS_TO_KEEP, GraphIO, ModelLoadError, ModelSpec, check_graph_io, load_spec
 from specls.models.tokenizer import Tokenizer
 
@@ -122,11 +124,7 @@ class _BatchInputs:
             self.positions[j] = np.arange(p, p + s_max)
 
 
-def _device_of(cache: Any) -> str:
-    return str(getattr(cache, "_device", "host"))
-
-
-class OnnxCausalLM:
+class OnnxCausalLM(CausalLM):
     """A loaded exported model: ``new_cache()`` opens one sequence's cache."""
 
     def __init__(self, model_dir: str | Path, settings: RuntimeSettings = RuntimeSettings()) -> None:
@@ -252,7 +250,7 @@ class OnnxCausalLM:
         for cache, seq_ids in zip(caches, ids, strict=True):
             if type(cache) not in (OrtKVCache, BoundKVCache) or cache._lm is not self:
                 raise TypeError("forward_batch takes this model's caches (OrtKVCache or BoundKVCache)")
-            if seqs and (type(cache) is not type(seqs[0]) or _device_of(cache) != _device_of(seqs[0])):
+            if seqs and (type(cache) is not type(seqs[0]) or cache._device != seqs[0]._device):
                 raise TypeError("forward_batch takes caches of one kind on one device")
             if any(cache is s for s in seqs):
                 raise ValueError("the same cache appears twice in one batch")
@@ -351,11 +349,12 @@ def _check_ids(ids: Sequence[int], spec: ModelSpec, length: int) -> np.ndarray:
     return arr
 
 
-class OrtKVCache:
+class OrtKVCache(KVCache):
     """One sequence's KV cache on the CPU: past tensors as numpy [1, kv_heads, length, head_dim]."""
 
     def __init__(self, lm: OnnxCausalLM) -> None:
         self._lm = lm
+        self._device = "host"  # where the KV lives ("cpu"/"cuda" for a BoundKVCache)
         spec = lm.spec
         empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
         self._past: list[np.ndarray] = [empty] * (2 * spec.num_layers)  # each [1, kv, length, hd]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from specls.decoder.acceptance import greedy_accept, process_logits, rejection_accept, sample
+from specls.decoder.acceptance import (
+    greedy_accept,
+    greedy_accept_ids,
+    process_logits,
+    rejection_accept,
+    sample,
+)
 
 
 def _logits_for(best: list[int], vocab: int = 6) -> np.ndarray:
@@ -160,3 +166,25 @@ def test_partial_top_p_equals_a_full_sort(vocab: int, scale: float, top_k: int, 
     logits[0, : vocab // 2] = logits[0, 0]  # a row with many ties
     got = process_logits(logits, 0.8, top_k, top_p)
     np.testing.assert_array_equal(got, _full_sort_reference(logits, 0.8, top_k, top_p))
+
+
+@pytest.mark.parametrize(
+    ("draft", "ids", "want"),
+    [
+        ([5, 7, 9], [5, 7, 2, 4], (2, 2)),  # 9 rejected: the target's 2 replaces it. Not (3, 4)
+        ([5, 7], [5, 7, 3], (2, 3)),  # all accepted, 3 is the bonus token
+        ([], [8], (0, 8)),  # a plain step
+        ([1], [2, 1], (0, 2)),  # a later match does not count. Not (1, 1)
+    ],
+)
+def test_greedy_accept_ids_table(draft: list[int], ids: list[int], want: tuple[int, int]) -> None:
+    got = greedy_accept_ids(np.asarray(draft, dtype=np.int64), np.asarray(ids, dtype=np.int64))
+    assert got == want
+    logits = np.zeros((len(ids), 10), dtype=np.float32)
+    logits[np.arange(len(ids)), ids] = 1.0
+    assert greedy_accept(np.asarray(draft, dtype=np.int64), logits) == want  # the same rule on logits
+
+
+def test_greedy_accept_ids_needs_k_plus_one() -> None:
+    with pytest.raises(ValueError):
+        greedy_accept_ids(np.asarray([1, 2]), np.asarray([1, 2]))

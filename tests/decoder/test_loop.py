@@ -389,3 +389,28 @@ def test_prefill_goes_through_append_when_the_cache_has_it() -> None:
     assert out.tokens == REF[:8]
     assert cache.appended == [len(PROMPT) - 1]  # the prompt but its last token, logits never read
     assert cache.forwarded == [1] * 8  # Not [len(PROMPT) - 1, 1, ...]: decode passes only
+
+
+class GreedyIdsCache(FakeCache):
+    """A cache whose greedy verify passes are counted (``forward_greedy``) apart from other forwards."""
+
+    def __init__(self, model: FakeLM) -> None:
+        super().__init__(model)
+        self.greedy: list[int] = []
+        self.forwards = 0
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        self.forwards += 1
+        return super().forward(ids)
+
+    def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
+        self.greedy.append(len(ids))
+        return np.argmax(super().forward(ids), axis=-1).astype(np.int64)
+
+
+def test_greedy_verify_passes_ask_for_ids_only() -> None:
+    cache = GreedyIdsCache(TARGET)
+    out = generate(cache, PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), GAMMAS["fixedK"], frozenset())
+    assert out.tokens == REF
+    assert len(cache.greedy) == out.target_passes and max(cache.greedy) == K + 1  # verify passes
+    assert cache.forwards == 1  # the prefill (append) only. Not one logits pass per step
