@@ -137,11 +137,12 @@ class DecodeSettings:
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
     deadline_s: float | None = None  # wall-clock budget for the decode phase, None = none
-    # "Speculation pays" check (added by the decoder): c = cost of one drafted token relative to one
-    # target pass (None = measure it with the clock); drafting is switched off for a while when the
-    # estimated speedup (tokens per pass / relative pass cost) falls below min_speedup (0 = never off).
+    # "Speculation pays" check: c = cost of one drafted token relative to one target pass (None =
+    # measure it with the clock); drafting is switched off for a while when the estimated speedup
+    # (tokens per pass / relative pass cost) falls below min_speedup. 0 = off, the default: on the
+    # bundled pair it cost ~20% of the tokens per pass (2.2 vs 2.8) for no wall-clock gain.
     draft_cost_ratio: float | None = None
-    min_speedup: float = 1.0
+    min_speedup: float = 0.0
 
 
 @dataclass

@@ -76,9 +76,7 @@ class EngineSettings:
     gamma: int = 5
     gamma_max: int = 12
     adaptive_gamma: bool = True
-    # the loop's "speculation pays" check (0 = never switch drafting off). Off by default: on the
-    # bundled pair it cost ~20% of the tokens per pass (2.2 vs 2.8) for no wall-clock gain.
-    min_speedup: float = 0.0
+    min_speedup: float = 0.0  # the loop's "speculation pays" check (DecodeSettings.min_speedup; 0 = off)
     threads: int = 1
     provider: str = "auto"
     temperature: float = 0.0

@@ -507,7 +507,7 @@ def _gamma_sweep(engine: Any, base: Any, points: list[Point], opt: BenchOptions)
     out = []
     for g in opt.gammas:
         e = engine.with_settings(
-            replace(base, gamma=g, gamma_max=g, adaptive_gamma=False, min_speedup=0.0, completion_reuse=False)
+            replace(base, gamma=g, gamma_max=g, adaptive_gamma=False, completion_reuse=False)
         )
         runs = [_ours(e, p, f"sweep{g}-{i}", opt.max_tokens) for i, p in enumerate(points)]
         tokens = sum(len(r.tokens) for r in runs)

@@ -24,7 +24,7 @@ def test_adapt_gamma_rule(gamma: int, drafted: int, accepted: int, want: int) ->
 
 
 def test_gamma_grows_on_full_acceptance_and_shrinks_on_early_rejection() -> None:
-    c = GammaController(DecodeSettings(gamma=3, gamma_min=2, gamma_max=5, min_speedup=0.0))
+    c = GammaController(DecodeSettings(gamma=3, gamma_min=2, gamma_max=5))
     assert c.gamma(100) == 3
     c.observe(3, 3, 0.0, 1.0)
     assert c.current == 4  # Not 3
@@ -41,7 +41,7 @@ def test_gamma_grows_on_full_acceptance_and_shrinks_on_early_rejection() -> None
 
 
 def test_short_full_proposal_does_not_grow_and_remaining_clips() -> None:
-    c = GammaController(DecodeSettings(gamma=4, gamma_max=8, min_speedup=0.0))
+    c = GammaController(DecodeSettings(gamma=4, gamma_max=8))
     c.observe(2, 2, 0.0, 1.0)  # a lookup proposal shorter than gamma, all accepted
     assert c.current == 4  # Not 5
     assert c.gamma(3) == 2  # accepted + bonus must fit in 3 tokens
@@ -49,7 +49,7 @@ def test_short_full_proposal_does_not_grow_and_remaining_clips() -> None:
 
 
 def test_fixed_gamma_when_not_adaptive() -> None:
-    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False, min_speedup=0.0))
+    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False))
     for _ in range(4):
         c.observe(3, 3, 0.0, 1.0)
     assert c.current == 3
@@ -57,7 +57,9 @@ def test_fixed_gamma_when_not_adaptive() -> None:
 
 def test_pays_check_with_a_given_cost_ratio() -> None:
     policy = GammaPolicy(warmup_passes=3, backoff_min=4, backoff_max=16)
-    c = GammaController(DecodeSettings(gamma=2, adaptive_gamma=False, draft_cost_ratio=0.5), policy)
+    c = GammaController(
+        DecodeSettings(gamma=2, adaptive_gamma=False, draft_cost_ratio=0.5, min_speedup=1.0), policy
+    )
     for _ in range(3):
         assert c.gamma(100) == 2
         c.observe(2, 0, 0.0, 1.0)  # nothing accepted, drafting costs 1.0 of a pass: speedup 0.5
@@ -70,7 +72,7 @@ def test_pays_check_with_a_given_cost_ratio() -> None:
 
 
 def test_pays_check_keeps_a_good_drafter_on() -> None:
-    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False, draft_cost_ratio=0.2))
+    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False, draft_cost_ratio=0.2, min_speedup=1.0))
     for _ in range(20):
         assert c.gamma(100) == 3
         c.observe(3, 3, 0.0, 1.0)  # tau 4 at cost 1.6: speedup 2.5
@@ -78,25 +80,25 @@ def test_pays_check_keeps_a_good_drafter_on() -> None:
 
 
 def test_pays_check_with_measured_times() -> None:
-    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False))
+    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False, min_speedup=1.0))
     for _ in range(3):
         c.observe(3, 1, 0.02, 0.01)  # drafting twice the target pass time for 2 tokens/pass
     assert c.gamma(100) == 0  # 2 / 3 < 1: off
-    cheap = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False))
+    cheap = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False, min_speedup=1.0))
     for _ in range(3):
         cheap.observe(3, 1, 0.001, 0.01)  # near-free drafting (prompt lookup)
     assert cheap.gamma(100) == 3
 
 
-def test_min_speedup_zero_never_turns_off() -> None:
-    c = GammaController(DecodeSettings(gamma=3, draft_cost_ratio=5.0, min_speedup=0.0))
+def test_min_speedup_zero_never_turns_off() -> None:  # 0 is the default
+    c = GammaController(DecodeSettings(gamma=3, draft_cost_ratio=5.0))
     for _ in range(10):
         c.observe(3, 0, 0.0, 1.0)
     assert c.gamma(100) > 0
 
 
 def test_measured_cost_uses_the_plain_pass_time_as_baseline() -> None:
-    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False))
+    c = GammaController(DecodeSettings(gamma=3, adaptive_gamma=False, min_speedup=1.0))
     c.observe_plain(0.010)
     for _ in range(3):
         # 2 tokens per pass, no drafting time, but verifying 4 positions costs 2.5x a plain pass

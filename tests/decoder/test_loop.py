@@ -71,10 +71,12 @@ def _drafters() -> list[tuple[str, Drafter]]:
 
 
 GAMMAS = {
-    "fixed1": DecodeSettings(max_new_tokens=N, gamma=1, adaptive_gamma=False, min_speedup=0.0),
-    "fixedK": DecodeSettings(max_new_tokens=N, gamma=K, gamma_max=K, adaptive_gamma=False, min_speedup=0.0),
-    "adaptive": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8, min_speedup=0.0),
-    "pays_check": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8, draft_cost_ratio=0.3),
+    "fixed1": DecodeSettings(max_new_tokens=N, gamma=1, adaptive_gamma=False),
+    "fixedK": DecodeSettings(max_new_tokens=N, gamma=K, gamma_max=K, adaptive_gamma=False),
+    "adaptive": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8),
+    "pays_check": DecodeSettings(
+        max_new_tokens=N, gamma=3, gamma_max=8, draft_cost_ratio=0.3, min_speedup=1.0
+    ),
 }
 
 
@@ -165,7 +167,7 @@ def test_eos_stops_and_is_not_included() -> None:
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 5, 7, 11])
 def test_max_new_tokens_never_exceeded(max_new: int) -> None:
-    settings = DecodeSettings(max_new_tokens=max_new, gamma=8, gamma_max=8, min_speedup=0.0)
+    settings = DecodeSettings(max_new_tokens=max_new, gamma=8, gamma_max=8)
     cache = CheckedCache(TARGET.new_cache(), FULL)
     result = generate(cache, PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), settings, frozenset())
     assert result.tokens == REF[:max_new]  # Not REF[:max_new + bonus]
@@ -222,7 +224,7 @@ def test_deadline_with_injected_clock() -> None:
         cache,
         PROMPT,
         ScriptedDrafter(PROMPT, REF, 64, "wrong"),
-        DecodeSettings(max_new_tokens=N, deadline_s=3.5, min_speedup=0.0),
+        DecodeSettings(max_new_tokens=N, deadline_s=3.5),
         frozenset(),
         clock=lambda: float(cache.counter.calls),
     )
@@ -250,7 +252,7 @@ def test_zero_max_new_tokens_is_an_empty_result() -> None:
 
 
 def test_pays_check_turns_drafting_off_for_a_useless_drafter() -> None:
-    settings = DecodeSettings(max_new_tokens=N, gamma=3, draft_cost_ratio=0.5)
+    settings = DecodeSettings(max_new_tokens=N, gamma=3, draft_cost_ratio=0.5, min_speedup=1.0)
     drafter = ScriptedDrafter(PROMPT, REF, 64, "wrong")
     result = generate(TARGET.new_cache(), PROMPT, drafter, settings, frozenset())
     assert result.tokens == REF
@@ -281,7 +283,7 @@ def test_hybrid_reports_sub_drafter_stats() -> None:
 
 
 def test_sampling_is_reproducible_with_a_seed() -> None:
-    settings = DecodeSettings(max_new_tokens=20, temperature=0.8, seed=42, min_speedup=0.0)
+    settings = DecodeSettings(max_new_tokens=20, temperature=0.8, seed=42)
     draft = FakeLM.perturbed(TARGET, 0.4, 3)
     a = generate(TARGET.new_cache(), PROMPT, DraftModelDrafter(draft), settings, frozenset())
     b = generate(TARGET.new_cache(), PROMPT, DraftModelDrafter(draft), settings, frozenset())
@@ -289,7 +291,7 @@ def test_sampling_is_reproducible_with_a_seed() -> None:
         TARGET.new_cache(),
         PROMPT,
         DraftModelDrafter(draft),
-        DecodeSettings(max_new_tokens=20, temperature=0.8, seed=43, min_speedup=0.0),
+        DecodeSettings(max_new_tokens=20, temperature=0.8, seed=43),
         frozenset(),
     )
     assert a.tokens == b.tokens
@@ -327,7 +329,6 @@ def test_sampling_loop_matches_target_distribution(which: str) -> None:
             adaptive_gamma=False,
             temperature=temperature,
             seed=seed,
-            min_speedup=0.0,
         )
         result = generate(target.new_cache(), prompt, drafter, settings, frozenset())
         counts[result.tokens[0], result.tokens[1]] += 1

@@ -177,7 +177,7 @@ def test_forced_drafter_keeps_greedy_output_and_hits_its_rate(alpha: float) -> N
     drafter = ForcedDrafter(prompt, ref, alpha, 64, seed=5)
     gamma = 4
     settings = DecodeSettings(
-        max_new_tokens=n, gamma=gamma, gamma_min=gamma, gamma_max=gamma, adaptive_gamma=False, min_speedup=0.0
+        max_new_tokens=n, gamma=gamma, gamma_min=gamma, gamma_max=gamma, adaptive_gamma=False
     )
     res = generate(lm.new_cache(), prompt, drafter, settings, frozenset())
     assert res.tokens == ref
@@ -199,9 +199,7 @@ def test_forced_drafter_pays_for_the_draft_model() -> None:
     ref = target.greedy(prompt, 40)
     drafter = ForcedDrafter(prompt, ref, 0.7, 64, seed=1, draft_lm=draft)
     drafter.prime(prompt)
-    settings = DecodeSettings(
-        max_new_tokens=40, gamma=3, gamma_min=3, gamma_max=3, adaptive_gamma=False, min_speedup=0.0
-    )
+    settings = DecodeSettings(max_new_tokens=40, gamma=3, gamma_min=3, gamma_max=3, adaptive_gamma=False)
     before = draft.counter.calls
     res = generate(target.new_cache(), prompt, drafter, settings, frozenset())
     assert res.tokens == ref

@@ -122,7 +122,6 @@ def run_loop(
             gamma_min=max(gamma, 1),
             gamma_max=max(gamma, 1),
             adaptive_gamma=False,
-            min_speedup=0.0,
         )
         cache = target.new_cache()
         if drafter is not None:
