@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
@@ -11,29 +10,17 @@ from specls.decoder.api import DecodeSettings, Drafter
 
 
 class TimedDrafter(Drafter):
-    """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else. When a
-    draft-model warm-up runs in the background (``prefetch``), the first use waits for it (and that
-    wait counts as drafting time)."""
+    """Adds the time spent in ``propose``/``observe`` to ``ms``; forwards everything else."""
 
     def __init__(self, inner: Drafter) -> None:
         self._inner = inner
         self.name = inner.name
         self.ms = 0.0
-        self.prefetch: threading.Thread | None = None
-
-    def join(self) -> None:
-        if self.prefetch is not None:
-            t0 = time.perf_counter()
-            self.prefetch.join()
-            self.prefetch = None
-            self.ms += (time.perf_counter() - t0) * 1e3
 
     def begin(self, settings: DecodeSettings) -> None:
-        self.join()
         self._inner.begin(settings)
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
-        self.join()
         t0 = time.perf_counter()
         try:
             return self._inner.propose(context, k)

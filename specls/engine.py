@@ -1,20 +1,24 @@
 """The in-process completion engine: ONNX target (+ draft) model, speculative decoding, and the reuse
-that makes completion-while-typing cheap.
+that makes completion-while-typing cheap. A conductor over named parts:
 
-Per request: build the FIM prompt (``specls.prompt``), answer from the finished-completion LRU if the
-same prompt was completed before (zero model calls), else decode with ``specls.decoder.loop.generate``
-on the document's own target KV cache truncated to the longest common token prefix with the previous
-request (only new tokens are prefilled). Drafters: prompt lookup over every open buffer (an incremental
-n-gram index) + the draft model (hybrid), and in front of them the document's previous completion when
-the user typed its beginning ("completion reuse": typing through a suggestion costs about one target
-pass). Greedy output equals plain greedy decoding of the target whatever the drafters propose.
+- ``specls.prompt.PromptBuilder``: the FIM prompt, its token prefix stable across keystrokes;
+- ``specls.completion_cache.CompletionCache``: a prompt completed before is answered with zero model
+  calls;
+- the document's target KV cache, truncated to the longest common token prefix with its previous
+  prompt, so only new tokens are prefilled;
+- drafters (``specls.decoder``): prompt lookup over every open buffer (``BufferIndex``, an incremental
+  n-gram index) and the draft model, combined (``HybridDrafter``), and in front of them the document's
+  previous completion when the user typed its beginning (``decoder.reuse``: typing through a
+  suggestion costs about one target pass);
+- ``specls.decoder.loop.generate``: the decode loop; greedy output equals plain greedy decoding of the
+  target whatever the drafters propose; a text stop (``decoder.text.TextStop``) ends it early;
+- ``specls.models.facts``: the model's FIM tokens, EOS ids and context limit, resolved at load;
+- ``EngineCounters`` (``stats()``), and ``EngineBatching``, off by default.
 
 Threading: ``complete`` runs in one worker thread at a time (serialised by a lock), unless batching is
-on (``EngineSettings.batching.max_batch > 1`` and a target that can batch): then completes of different
-documents run concurrently (one at a time per document), each decode loop's target passes go through a
-shared ``PassBatcher`` that joins concurrent passes into one batched pass, and prompt building stays
-serialised. ``update_document``/``close_document`` may come from any thread (they only touch pending
-state under a short lock).
+on (see ``specls.engine_batching``); prompt building and index updates are serialised either way.
+``update_document``/``close_document`` may come from any thread (they only touch pending state under a
+short lock).
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +45,14 @@ from specls.decoder.api import (
     KVCache,
     never_cancelled,
 )
-from specls.decoder.batching import BatchedCache, BatchSettings, PassBatcher
+from specls.decoder.batching import BatchSettings
 from specls.decoder.buffer_index import BufferIndex, ReindexPolicy
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.loop import generate
 from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
 from specls.decoder.text import TextStop
 from specls.decoder.timed import TimedDrafter
+from specls.engine_batching import EngineBatching
 from specls.engine_stats import EngineCounters
 from specls.prompt import (
     DocumentEncoder,
@@ -87,9 +93,6 @@ class EngineSettings:
     kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
     reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
     drafters: DrafterSettings = field(default_factory=DrafterSettings)
-    # feed the prompt to the draft model in a thread while the target prefills: helps with idle cores,
-    # slowed the target's prefill by ~30% on the loaded 2-core machine it was measured on
-    overlap_draft_prefill: bool = False
     # re-indexing a buffer from an edit this far from its end waits until it was last indexed this long ago
     reindex_max_chars: int = 2_000
     reindex_interval_s: float = 5.0
@@ -122,34 +125,6 @@ class _DocState:
     last: PreviousCompletion | None = None  # for completion reuse
 
 
-class _KeyedLocks:
-    """One lock per key, created on first use and dropped when nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, tuple[threading.Lock, int]] = {}
-
-    @contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        with self._guard:
-            lock, users = self._locks.get(key, (threading.Lock(), 0))
-            self._locks[key] = (lock, users + 1)
-        try:
-            with lock:
-                yield
-        finally:
-            with self._guard:
-                lock, users = self._locks[key]
-                if users <= 1:
-                    del self._locks[key]
-                else:
-                    self._locks[key] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        with self._guard:
-            return len(self._locks)
-
-
 class OnnxEngine:
     """The in-process Engine (see the module docstring)."""
 
@@ -159,8 +134,7 @@ class OnnxEngine:
         self._lock = threading.Lock()  # the documents' states
         self._run_lock = threading.Lock()  # one complete() at a time (without batching)
         self._prep_lock = threading.Lock()  # index updates and prompt building
-        self._doc_locks = _KeyedLocks()  # with batching: one complete() at a time per document
-        self._batcher: PassBatcher | None = None
+        self._batching: EngineBatching | None = None  # off by default (see specls.engine_batching)
         self._docs: OrderedDict[str, _DocState] = OrderedDict()
         self._completions: CompletionCache | None = None
         self._counters = EngineCounters()
@@ -234,25 +208,7 @@ class OnnxEngine:
         budget = self.settings.budget or models.budget
         self._builder = PromptBuilder(models.tokenizer, models.fim, budget, models.start_ids)
         self._encoder = DocumentEncoder(models.tokenizer)
-        self._batcher = self._make_batcher(models.target)
-
-    def _make_batcher(self, target: CausalLM) -> PassBatcher | None:
-        batching = self.settings.batching
-        if batching.max_batch <= 1:
-            return None
-        try:
-            ok = bool(target.enable_batching())
-        except Exception as exc:  # a broken batch graph: serve unbatched, say why
-            logger.warning("batching off: the target's batch graph cannot be loaded (%s)", exc)
-            return None
-        if not ok:
-            logger.warning(
-                "batching off: the target has no dynamic-batch graph (export with --batch-graph or "
-                "--ort-fusions none)"
-            )
-            return None
-        logger.info("batching target passes of up to %d requests", batching.max_batch)
-        return PassBatcher(target.forward_batch, batching)
+        self._batching = EngineBatching.start(models.target, self.settings.batching)
 
     @property
     def ready(self) -> bool:
@@ -305,13 +261,9 @@ class OnnxEngine:
         self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
     ) -> CompletionResult:
         models = self.models
-        if self._batcher is not None:
-            try:
-                with self._doc_locks.hold(request.doc_id), self._batcher.participant():
-                    return self._complete_counted(models, request, cancelled)
-            finally:
-                if self._batcher.active == 0:  # the last concurrent request: give memory back
-                    models.target.release_memory()
+        if self._batching is not None:
+            with self._batching.request(request.doc_id):
+                return self._complete_counted(models, request, cancelled)
         with self._run_lock:
             return self._complete_counted(models, request, cancelled)
 
@@ -449,57 +401,19 @@ class OnnxEngine:
     ) -> DecodeResult:
         """The decode loop on the document's cache (through the batcher when batching); afterwards
         the document's state says what its cache holds. A failed decode drops the cache."""
-        if isinstance(drafter, TimedDrafter) and state.draft_drafter is not None and self.settings.use_draft:
-            drafter.prefetch = self._warm_draft(state.draft_drafter, prompt.tokens)
-        target: KVCache = cache if self._batcher is None else self._batcher.wrap(cache)
+        batched = nullcontext(cache) if self._batching is None else self._batching.cache(cache)
         try:
-            out = self._generate(models, target, prompt.tokens, drafter, settings, cancelled, stop)
+            with batched as target:
+                out = generate(target, prompt.tokens, drafter, settings, models.eos_ids, cancelled, stop)
         except Exception as exc:
             # the cache may be half-updated: drop it, the next request starts cold
             state.cache, state.tokens = None, []
             if isinstance(exc, EngineError):
                 raise
             raise EngineError(f"generation failed: {exc}") from exc
-        finally:
-            if isinstance(drafter, TimedDrafter):
-                drafter.join()  # never leave the warm-up running into the next request
-            if isinstance(target, BatchedCache):
-                target.release()  # the document keeps its own KV, not views into a batch
         self.last_prompt, self.last_tokens = list(prompt.tokens), list(out.tokens)
         state.tokens = [*prompt.tokens, *out.tokens][: cache.length]
         return out
-
-    def _generate(
-        self,
-        models: LoadedModels,
-        cache: KVCache,
-        prompt: list[int],
-        drafter: Drafter | None,
-        settings: DecodeSettings,
-        cancelled: CancelCheck,
-        stop: TextStop | None,
-    ) -> DecodeResult:
-        from specls.decoder.loop import generate
-
-        return generate(cache, prompt, drafter, settings, models.eos_ids, cancelled, stop)
-
-    def _warm_draft(self, drafter: DraftModelDrafter, prompt: list[int]) -> threading.Thread | None:
-        """Feed the prompt to the draft model in a background thread while the target prefills (ORT
-        releases the GIL): a cold draft cache costs a prefill of its own otherwise. Only when many
-        tokens are missing; the drafter syncs by common prefix on its first real proposal."""
-        if not self.settings.overlap_draft_prefill or len(prompt) - drafter.cached_tokens < 32:
-            return None
-
-        def warm() -> None:
-            try:
-                drafter.propose(prompt, 1)
-            except Exception:  # the real proposal will retry; a broken draft model shows up there
-                logger.exception("draft model warm-up failed")
-                drafter.reset()
-
-        thread = threading.Thread(target=warm, name="specls-draft-warmup", daemon=True)
-        thread.start()
-        return thread
 
     def _decode_settings(self, max_new: int, reuse: bool, cap: int | None) -> DecodeSettings:
         s = self.settings
@@ -576,8 +490,8 @@ class OnnxEngine:
             "provider": self._models.provider if self._models is not None else None,
             "ready": self._models is not None,
             "batching": (
-                {"enabled": True, **self._batcher.snapshot()}
-                if self._batcher is not None
+                self._batching.snapshot()
+                if self._batching is not None
                 else {"enabled": False, "max_batch": self.settings.batching.max_batch}
             ),
         }

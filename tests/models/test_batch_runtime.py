@@ -191,7 +191,7 @@ def test_corrupt_batch_graph_is_a_clear_error_and_the_engine_serves_unbatched(
     from specls.decoder.batching import BatchSettings
     from specls.models.spec import ModelLoadError
 
-    from specls.engine import EngineSettings, OnnxEngine
+    from specls.engine_batching import EngineBatching
 
     d = tmp_path / "broken"
     shutil.copytree(fused_with_batch_graph, d)
@@ -199,8 +199,7 @@ def test_corrupt_batch_graph_is_a_clear_error_and_the_engine_serves_unbatched(
     lm = OnnxCausalLM(d)  # the main graph still loads
     with pytest.raises(ModelLoadError, match="model.batch.onnx"):
         lm.enable_batching()
-    engine = OnnxEngine(EngineSettings(batching=BatchSettings(max_batch=4)))
-    assert engine._make_batcher(lm) is None  # logged, and completions run one at a time
+    assert EngineBatching.start(lm, BatchSettings(max_batch=4)) is None  # logged, run one at a time
     assert "batching off" in caplog.text
     assert lm.new_cache().forward([1, 2]).shape == (2, lm.vocab_size)
 
