@@ -49,6 +49,7 @@ from specls.decoder.batching import BatchSettings
 from specls.decoder.buffer_index import BufferIndex, ReindexPolicy
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
+from specls.decoder.ngram import common_prefix_len
 from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
 from specls.decoder.text import TextStop
 from specls.decoder.timed import TimedDrafter
@@ -61,7 +62,6 @@ from specls.prompt import (
     PromptBudget,
     PromptBuilder,
     TextTokenizer,
-    longest_common_prefix,
     visible_text,
 )
 
@@ -383,7 +383,7 @@ class OnnxEngine:
         if cache is None or not reuse:
             cache = models.target.new_cache()
             state.cache, state.tokens = cache, []
-        keep = min(longest_common_prefix(state.tokens, prompt) if reuse else 0, cache.length)
+        keep = min(common_prefix_len(state.tokens, prompt) if reuse else 0, cache.length)
         cache.truncate(keep)
         state.tokens = state.tokens[:keep]
         return cache

@@ -298,18 +298,6 @@ def _display_path(uri: str) -> str:
     return "/".join(parts[-2:]) if parts else uri
 
 
-def longest_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    # compare in blocks first: prompts share hundreds of tokens
-    step = 64
-    while i + step <= n and list(a[i : i + step]) == list(b[i : i + step]):
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 # Line starts where a byte-level BPE pre-tokeniser (GPT-2 regex) always has a word boundary: before the
 # last whitespace character of a run that contains a newline and is followed by a non-space.
 _CHUNK_BOUNDARY = re.compile(r"\s*\n\s*(?=\S)")

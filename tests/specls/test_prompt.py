@@ -5,15 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from specls.decoder.ngram import common_prefix_len as longest_common_prefix
 
-from specls.prompt import (
-    PromptBudget,
-    PromptBuilder,
-    default_budget,
-    longest_common_prefix,
-    split_lines,
-    visible_text,
-)
+from specls.prompt import PromptBudget, PromptBuilder, default_budget, split_lines, visible_text
 from tests.specls.fakes import SOURCE, CharTokenizer, char_fim
 
 
