@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from specls.decoder.api import CausalLM, DecodeSettings
+from specls.decoder.api import CausalLM, DecodeSettings, Drafter
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
 
@@ -63,7 +63,7 @@ def _plan_name(plan: Plan) -> str:
     return "+".join(parts) or "plain"
 
 
-class PlannedDrafter:
+class PlannedDrafter(Drafter):
     """Lookup and/or draft model, chosen per pass by ``plan_pass``. ``k`` from the loop is the cap."""
 
     name = "policy"

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from specls.decoder.api import DecodeSettings, Drafter
+from specls.decoder.api import CausalLM, DecodeSettings, Drafter
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.ngram import NgramIndex
@@ -87,7 +87,7 @@ def test_sampling_q_rows_cover_the_proposal() -> None:
     assert point_masses_then([3, 1], 2, None) is None  # all lookup: a point mass. Not zeros
 
 
-class _Clocked:
+class _Clocked(CausalLM):
     """A FakeLM whose passes advance a fake clock by fixed + per_token * n."""
 
     def __init__(self, lm: FakeLM, clock: list[float], fixed: float, per_token: float) -> None:
