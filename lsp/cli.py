@@ -11,8 +11,9 @@ import signal
 import sys
 from typing import Any
 
-from specls.decoder.api import Engine
 from specls.lsp.settings import ServerSettings
+
+from specls.api import Engine
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -78,9 +79,9 @@ _TCP_ONLY = {
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from specls.decoder.api import EngineError
     from specls.lsp.server import create_server
 
+    from specls.api import EngineError
     from specls.team.cli import engine_override_from_args
 
     settings = settings_from_args(args)

@@ -36,10 +36,11 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, default_converter
 from pygls.protocol.json_rpc import RPCNotification, RPCRequest
 from pygls.protocol.language_server import lsp_method
-from specls.decoder.api import CompletionRequest, CompletionResult, Engine
 from specls.lsp.documents import Document, DocumentStore, sanitize, window
 from specls.lsp.postprocess import Completion, finalize, lf_breaks, make_context, stop_point
 from specls.lsp.settings import ServerSettings, parse_settings
+
+from specls.api import CompletionRequest, CompletionResult, Engine
 
 logger = logging.getLogger(__name__)
 

@@ -177,9 +177,10 @@ def _export_cmd(args: argparse.Namespace) -> int:
     import resource
     from dataclasses import replace
 
-    from specls.decoder.api import EngineError
     from specls.models.agreement import AgreementOptions
     from specls.models.export import ExportOptions, export_model, read_report
+
+    from specls.api import EngineError
 
     options = ExportOptions(
         dtype=args.dtype,

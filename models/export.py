@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from specls.decoder.api import EngineError
 from specls.models.agreement import AgreementOptions
 from specls.models.fim import NO_FIM, PRESETS, FimTemplate, detect_template, fit_template
 from specls.models.gguf import GgufError, find_gguf, load_gguf_model, load_gguf_tokenizer
 from specls.models.quantize import QUANTIZE_MODES, QuantizeError, QuantizeOptions, options_for, quantize_graph
 from specls.models.spec import LOGITS_TO_KEEP, SPEC_FILE, ModelSpec, kv_names
 from specls.models.tokenizer import Tokenizer
+
+from specls.api import EngineError
 
 if TYPE_CHECKING:
     import torch

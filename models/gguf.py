@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specls.decoder.api import EngineError
+from specls.api import EngineError
 
 log = logging.getLogger(__name__)
 

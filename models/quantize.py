@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from specls.decoder.api import EngineError
+
+from specls.api import EngineError
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specls.decoder.api import EngineError
 from specls.models.fim import FimTemplate
+
+from specls.api import EngineError
 
 SPEC_FILE = "specls.json"
 FORMAT_VERSION = 1

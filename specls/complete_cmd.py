@@ -82,7 +82,7 @@ def default_threads() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specls.decoder.api import CompletionRequest, EngineError
+    from specls.api import CompletionRequest, EngineError
     from specls.engine import EngineSettings, OnnxEngine, result_to_dict
 
     path: Path = args.file

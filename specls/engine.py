@@ -32,16 +32,14 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from specls.api import CompletionRequest, CompletionResult, EngineError
 from specls.completion_cache import CacheHit, CompletionCache
 from specls.decoder.api import (
     CancelCheck,
     CausalLM,
-    CompletionRequest,
-    CompletionResult,
     DecodeResult,
     DecodeSettings,
     Drafter,
-    EngineError,
     KVCache,
     never_cancelled,
 )

@@ -214,7 +214,7 @@ class TimedLM(CausalLM):
 
 
 def _ours(engine: Any, point: Point, doc_id: str, max_tokens: int) -> Run:
-    from specls.decoder.api import CompletionRequest
+    from specls.api import CompletionRequest
 
     engine.update_document(doc_id, point.prefix + point.suffix)
     engine.flush()  # indexing the buffer happens on edits, not in the completion's latency
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_bench(opt: BenchOptions) -> int:
-    from specls.decoder.api import EngineError
+    from specls.api import EngineError
     from specls.engine import EngineSettings, OnnxEngine
 
     points = make_points(source_files(opt.files), opt.n, opt.seed)

@@ -319,7 +319,7 @@ def cut_context(point: Point, prefix_chars: int | None, suffix_chars: int | None
 
 
 def _specls_run(engine: Any, point: Point, doc_id: str, max_tokens: int, task: str) -> Run:
-    from specls.decoder.api import CompletionRequest
+    from specls.api import CompletionRequest
 
     engine.update_document(doc_id, point.prefix + point.suffix)
     engine.flush()  # indexing the buffer happens on edits, not in the completion's latency
@@ -630,7 +630,7 @@ def llama_servers(
 def run_bench(opt: RealBenchOptions) -> int:
     import tempfile
 
-    from specls.decoder.api import EngineError
+    from specls.api import EngineError
     from specls.engine import EngineSettings, OnnxEngine
 
     say = sys.stderr.write

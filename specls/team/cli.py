@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Any
 
-from specls.decoder.api import Engine, EngineError
+from specls.api import Engine, EngineError
 from specls.team.remote import RemoteSettings
 from specls.team.service import ConnectionSettings
 

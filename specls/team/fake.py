@@ -12,14 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specls.decoder.api import (
-    CancelCheck,
-    CompletionRequest,
-    CompletionResult,
-    DrafterStats,
-    EngineError,
-    never_cancelled,
-)
+from specls.api import CompletionRequest, CompletionResult, EngineError
+from specls.decoder.api import CancelCheck, DrafterStats, never_cancelled
 
 
 @dataclass(frozen=True)

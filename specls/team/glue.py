@@ -22,7 +22,7 @@ from typing import Any
 
 from pygls.exceptions import JsonRpcException
 
-from specls.decoder.api import Engine
+from specls.api import Engine
 from specls.team.auth import AuthError
 from specls.team.scheduler import ClientSession
 from specls.team.service import TeamService, TeamSettings

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specls.decoder.api import CompletionResult
+from specls.api import CompletionResult
 
 REQUEST_LOGGER = "specls.team.requests"
 _SALT = os.urandom(8)

@@ -38,14 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specls.decoder.api import (
-    CancelCheck,
-    CompletionRequest,
-    CompletionResult,
-    Engine,
-    EngineError,
-    never_cancelled,
-)
+from specls.api import CompletionRequest, CompletionResult, Engine, EngineError
+from specls.decoder.api import CancelCheck, never_cancelled
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from specls.decoder.api import CompletionRequest, CompletionResult, Engine, EngineError
+from specls.api import CompletionRequest, CompletionResult, Engine, EngineError
 from specls.team.auth import TokenStore
 from specls.team.scheduler import ClientSession, FairScheduler, SchedulerSettings
 

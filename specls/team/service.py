@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from specls.decoder.api import Engine
+from specls.api import Engine
 from specls.team.auth import AuthError, TokenStore, require_auth_for_bind, token_from_init_options
 from specls.team.logs import RequestLog, RequestLogSettings
 from specls.team.metrics import Metrics, MetricsServer, MetricsSettings

@@ -18,9 +18,11 @@ import time
 import zlib
 from collections.abc import Callable
 
-from specls.decoder.api import CancelCheck, CompletionRequest, CompletionResult, EngineError, never_cancelled
+from specls.decoder.api import CancelCheck, never_cancelled
 from specls.lsp.server import EngineHost, create_server
 from specls.lsp.settings import ServerSettings
+
+from specls.api import CompletionRequest, CompletionResult, EngineError
 
 
 def fake_completion(prefix: str) -> str:

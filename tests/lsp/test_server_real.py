@@ -10,10 +10,11 @@ from functools import partial
 import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
-from specls.decoder.api import CompletionRequest
 from specls.lsp.cli import fetch_stats, make_engine
 from specls.lsp.postprocess import finalize, make_context, stop_point
 from specls.lsp.settings import ServerSettings
+
+from specls.api import CompletionRequest
 
 from .lsp_helpers import (
     SPECLS,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from specls.decoder.api import CompletionRequest
 from specls.models.fim import (
     BUNDLED,
     CODELLAMA,
@@ -19,6 +18,7 @@ from specls.models.fim import (
 )
 from specls.models.tokenizer import Tokenizer
 
+from specls.api import CompletionRequest
 from specls.engine import EngineSettings, OnnxEngine
 from specls.prompt import PromptBudget
 from tests.specls.fakes import SOURCE, fake_models

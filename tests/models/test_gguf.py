@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from specls.decoder.api import CompletionRequest
 from specls.models.export import ExportError, ExportOptions, export_model, read_report
 from specls.models.spec import load_spec
 from specls.models.tokenizer import Tokenizer
 
+from specls.api import CompletionRequest
 from specls.cli import main
 from specls.engine import EngineSettings, OnnxEngine
 from tests.models.tiny_gguf import NO_FIM, QWEN_PARTIAL_FIM, TinyGguf, write_tiny_gguf

@@ -7,9 +7,9 @@ import threading
 from dataclasses import replace
 
 import pytest
-from specls.decoder.api import CompletionRequest, EngineError
 from specls.decoder.testing import FakeLM
 
+from specls.api import CompletionRequest, EngineError
 from specls.engine import EngineSettings, LoadedModels, OnnxEngine
 from specls.prompt import PromptBudget
 from tests.specls.fakes import SOURCE, fake_models

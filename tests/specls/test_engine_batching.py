@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from specls.decoder.api import CompletionRequest
 from specls.decoder.batching import BatchSettings
 from specls.decoder.testing import FakeLM
 
+from specls.api import CompletionRequest
 from specls.engine import EngineSettings, LoadedModels, OnnxEngine
 from tests.specls.fakes import SOURCE, BatchableFakeLM, fake_models
 

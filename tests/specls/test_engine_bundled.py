@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from specls.decoder.api import CausalLM, CompletionRequest, KVCache
+from specls.decoder.api import CausalLM, KVCache
 from specls.models.loader import bundled_dir
 
+from specls.api import CompletionRequest
 from specls.bench.decode import Point, make_points, source_files
 from specls.engine import EngineSettings, LoadedModels, OnnxEngine
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from specls.decoder.api import CancelCheck, CompletionRequest, CompletionResult, EngineError, never_cancelled
+from specls.decoder.api import CancelCheck, never_cancelled
 
+from specls.api import CompletionRequest, CompletionResult, EngineError
 from specls.team.fake import FakeEngine, FakeEngineSettings
 
 

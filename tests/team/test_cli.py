@@ -10,8 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from specls.decoder.api import CompletionRequest
-
+from specls.api import CompletionRequest
 from specls.team.fake import FakeEngine
 from specls.team.remote import RemoteEngine, RemoteSettings
 

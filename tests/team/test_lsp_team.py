@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specls.decoder.api import CancelCheck, CompletionRequest, CompletionResult, never_cancelled
+from specls.decoder.api import CancelCheck, never_cancelled
 from specls.lsp.server import EngineHost, create_server
 from specls.lsp.settings import ServerSettings
 
+from specls.api import CompletionRequest, CompletionResult
 from specls.bench.team import LspClient, initialize
 from specls.team.fake import FakeEngine, FakeEngineSettings
 from specls.team.glue import UNAUTHORIZED, TeamHooks, team_hooks

@@ -9,8 +9,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from specls.decoder.api import CompletionRequest
 
+from specls.api import CompletionRequest
 from specls.team.fake import FakeEngine, FakeEngineSettings
 from specls.team.logs import REQUEST_LOGGER, JsonLineFormatter
 from specls.team.metrics import (

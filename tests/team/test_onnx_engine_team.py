@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from specls.decoder.api import CompletionRequest
 from specls.models.loader import bundled_dir
 
+from specls.api import CompletionRequest
 from specls.engine import EngineSettings, OnnxEngine
 from specls.team.remote import RemoteEngine, RemoteSettings
 from specls.team.scheduler import FairScheduler

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from specls.decoder.api import CancelCheck, CompletionRequest, CompletionResult, never_cancelled
+from specls.decoder.api import CancelCheck, never_cancelled
 
+from specls.api import CompletionRequest, CompletionResult
 from specls.team.fake import FakeEngine, FakeEngineSettings
 from specls.team.scheduler import FairScheduler
 from tests.team.engines import loaded

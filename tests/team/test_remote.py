@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from specls.decoder.api import CompletionRequest, EngineError
 
+from specls.api import CompletionRequest, EngineError
 from specls.team.auth import TokenStore, parse_token_file
 from specls.team.fake import FakeEngine, FakeEngineSettings
 from specls.team.remote import QWEN_FIM, RemoteEngine, RemoteSettings, fill_template, parse_sse_data

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specls.decoder.api import CompletionRequest, EngineError
 from specls.lsp.server import EngineHost, create_server
 from specls.lsp.settings import ServerSettings
 
+from specls.api import CompletionRequest, EngineError
 from specls.bench.team import LspClient
 from specls.team.glue import team_hooks
 from specls.team.listener import Listener

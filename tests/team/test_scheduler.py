@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from specls.decoder.api import CompletionRequest, CompletionResult, EngineError
 
+from specls.api import CompletionRequest, CompletionResult, EngineError
 from specls.team.fake import FakeEngine, FakeEngineSettings
 from specls.team.scheduler import (
     ClientSession,

@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from specls.api import EngineError
 from specls.bench.gpu.predict import load_acceptance
 from specls.bench.gpu.report import render_markdown, write_report
 from specls.bench.gpu.run import run_bench
 from specls.bench.gpu.shapes import DEFAULT_ALPHAS, METHODS, SHAPES, BenchError, GpuBenchSettings
-from specls.decoder.api import EngineError
 
 DESCRIPTION = (
     "``specls bench gpu``: what speculative decoding buys on a GPU, predicted from measured pass costs and"

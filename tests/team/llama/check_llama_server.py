@@ -17,10 +17,10 @@ import threading
 import time
 import urllib.request
 
-from specls.decoder.api import CompletionRequest
 from specls.models.loader import bundled_dir, load_model
 from specls.models.runtime import RuntimeSettings
 
+from specls.api import CompletionRequest
 from specls.team.remote import RemoteEngine, RemoteSettings
 
 FIM = "<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>"
