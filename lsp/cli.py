@@ -38,10 +38,10 @@ def make_engine(settings: ServerSettings) -> Engine:
     from specls.engine import EngineSettings, OnnxEngine
 
     updates: dict[str, Any] = {
-        "target_dir": settings.model or None,
-        "draft_dir": settings.draft or None,
-        "use_draft": settings.draft_model,
-        "speculate": settings.drafting,
+        "model": settings.model or None,
+        "draft": settings.draft or None,
+        "draft_model": settings.draft_model,
+        "speculation": settings.speculation,
         "gamma": settings.gamma,
     }
     if settings.threads > 0:
@@ -59,7 +59,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if args.no_draft:
         updates["draft_model"] = False
     if args.no_speculation:
-        updates["drafting"] = False
+        updates["speculation"] = False
     if args.threads is not None:
         updates["threads"] = args.threads
     if args.max_tokens is not None:

@@ -18,7 +18,7 @@ MULTILINE_MODES = ("auto", "always", "never")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 
 # Settings that only take effect when the engine is (re)built, i.e. before the model is loaded.
-ENGINE_FIELDS = frozenset({"model", "draft", "drafting", "draft_model", "gamma", "threads"})
+ENGINE_FIELDS = frozenset({"model", "draft", "speculation", "draft_model", "gamma", "threads"})
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ServerSettings:
     model: str = ""  # target model dir; "" = the bundled one
     draft: str = ""  # draft model dir; "" = the bundled one
     max_tokens: int = 64  # per completion
-    drafting: bool = True  # speculative decoding on/off (off = plain greedy on the target)
+    speculation: bool = True  # speculative decoding on/off (off = plain greedy on the target)
     draft_model: bool = True  # use the draft model (off = prompt lookup drafts only)
     gamma: int = 5  # initial draft length
     threads: int = 0  # onnxruntime intra-op threads; 0 = runtime default
@@ -51,6 +51,7 @@ _ALIASES = {
     "draft_length": "gamma",
     "enabled_languages": "languages",
     "token": "team_token",  # the team service reads {"token": ...} (specls.team.auth)
+    "drafting": "speculation",  # its former name (editor configs may still say it)
 }
 
 
@@ -105,7 +106,7 @@ def _convert(name: str, value: Any) -> Any:
         return _as_int(value, 0, 256)
     if name == "debounce_ms":
         return _as_int(value, 0, 5000)
-    if name in ("drafting", "draft_model"):
+    if name in ("speculation", "draft_model"):
         return _as_bool(value)
     if name == "languages":
         return _as_languages(value)

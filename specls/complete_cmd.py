@@ -102,11 +102,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     base = EngineSettings()
     settings = EngineSettings(
-        target_dir=args.model,
-        draft_dir=args.draft,
-        use_draft=not args.no_draft,
-        use_lookup=not args.no_lookup,
-        speculate=not args.no_speculation,
+        model=args.model,
+        draft=args.draft,
+        draft_model=not args.no_draft,
+        lookup=not args.no_lookup,
+        speculation=not args.no_speculation,
         gamma=args.gamma if args.gamma is not None else base.gamma,
         threads=args.threads or default_threads(),
         temperature=args.temperature,

@@ -68,13 +68,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """How the in-process engine loads and decodes."""
+    """How the in-process engine loads and decodes. Field names are the CLI's and the LSP settings'
+    (``--model``/``model``, ``--no-draft``/``draft_model``, ``--no-speculation``/``speculation``)."""
 
-    target_dir: str | None = None  # None = the bundled target
-    draft_dir: str | None = None  # None = the bundled draft
-    use_draft: bool = True
-    use_lookup: bool = True
-    speculate: bool = True  # False = plain greedy reference path (no drafter at all)
+    model: str | None = None  # target model dir; None = the bundled target
+    draft: str | None = None  # draft model dir; None = the bundled draft
+    draft_model: bool = True  # draft with the draft model
+    lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
+    speculation: bool = True  # False = plain greedy reference path (no drafter at all)
     completion_reuse: bool = True
     prefix_reuse: bool = True
     gamma: int = 5
@@ -138,7 +139,7 @@ class OnnxEngine:
         self._counters = EngineCounters()
         # the open buffers for prompt lookup (None: lookup off)
         self._buffers: BufferIndex | None = None
-        if settings.speculate and settings.use_lookup:
+        if settings.speculation and settings.lookup:
             self._buffers = BufferIndex(
                 ReindexPolicy(settings.reindex_max_chars, settings.reindex_interval_s)
             )
@@ -168,12 +169,12 @@ class OnnxEngine:
         runtime = RuntimeSettings(threads=s.threads, provider=s.provider)
         try:
             say("loading target model", 0.05)
-            target_dir = resolve_model_dir(s.target_dir, "target")
+            target_dir = resolve_model_dir(s.model, "target")
             target = load_model(target_dir, runtime)
             draft = None
-            if s.speculate and s.use_draft:
+            if s.speculation and s.draft_model:
                 say("loading draft model", 0.6)
-                draft_dir = resolve_model_dir(s.draft_dir, "draft")
+                draft_dir = resolve_model_dir(s.draft, "draft")
                 draft = load_model(draft_dir, runtime)
                 check_pair(target, draft)
         except EngineError:
@@ -436,7 +437,7 @@ class OnnxEngine:
     ) -> tuple[Drafter | None, bool]:
         """The drafter for this request (None = plain greedy) and whether completion reuse is on."""
         s = self.settings
-        if not s.speculate:
+        if not s.speculation:
             return None, False
         # per document, so their own indexes/caches carry over between keystrokes
         lookup = None
@@ -446,7 +447,7 @@ class OnnxEngine:
             lookup = state.lookup_drafter
             lookup.set_suffix(prompt.suffix_tokens)
         model = None
-        if s.use_draft and models.draft is not None:
+        if s.draft_model and models.draft is not None:
             if state.draft_drafter is None:
                 state.draft_drafter = DraftModelDrafter(models.draft, s.drafters)
             model = state.draft_drafter

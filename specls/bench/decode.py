@@ -313,7 +313,7 @@ def run_bench(opt: BenchOptions) -> int:
     if not points:
         sys.stderr.write("specls bench decode: no usable source files\n")
         return 2
-    base = EngineSettings(target_dir=opt.model, draft_dir=opt.draft, threads=opt.threads, lru_size=0)
+    base = EngineSettings(model=opt.model, draft=opt.draft, threads=opt.threads, lru_size=0)
     hybrid = OnnxEngine(replace(base, completion_reuse=False))
     try:
         hybrid.load()
@@ -329,9 +329,9 @@ def run_bench(opt: BenchOptions) -> int:
     )
     hybrid = OnnxEngine(hybrid.settings, models)
     engines = {
-        "plain": hybrid.with_settings(replace(base, speculate=False)),
-        "lookup": hybrid.with_settings(replace(base, use_draft=False, completion_reuse=False)),
-        "draft": hybrid.with_settings(replace(base, use_lookup=False, completion_reuse=False)),
+        "plain": hybrid.with_settings(replace(base, speculation=False)),
+        "lookup": hybrid.with_settings(replace(base, draft_model=False, completion_reuse=False)),
+        "draft": hybrid.with_settings(replace(base, lookup=False, completion_reuse=False)),
         "hybrid": hybrid,
     }
     hf: HfBaselines | None = None

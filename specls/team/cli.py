@@ -34,9 +34,17 @@ def add_engine_arguments(p: argparse.ArgumentParser, model_args: bool = True) ->
         "fake: a model-free engine for load tests",
     )
     if model_args:
-        g.add_argument("--target", default=None, help="target model directory (default: bundled)")
+        g.add_argument(
+            "--model",
+            "--target",
+            dest="model",
+            default=None,
+            help="target model directory (default: bundled)",
+        )
         g.add_argument("--draft", default=None, help="draft model directory (default: bundled)")
-        g.add_argument("--no-draft-model", action="store_true", help="prompt lookup only")
+        g.add_argument(
+            "--no-draft", "--no-draft-model", dest="no_draft", action="store_true", help="prompt lookup only"
+        )
         g.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all)")
     g.add_argument("--remote-url", default=None, help="base URL of the remote /v1/completions server")
     g.add_argument("--remote-model", default="", help="model name to request (default: first listed)")
@@ -227,9 +235,9 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
     threads = args.threads or (os.cpu_count() or 1)
     return OnnxEngine(
         EngineSettings(
-            target_dir=args.target,
-            draft_dir=args.draft,
-            use_draft=not args.no_draft_model,
+            model=args.model,
+            draft=args.draft,
+            draft_model=not args.no_draft,
             threads=threads,
             kv_documents=args.kv_documents,
             batching=BatchSettings(max_batch=getattr(args, "batch", 1)),

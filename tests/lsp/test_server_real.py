@@ -71,7 +71,7 @@ class Reference:
     same models, computed in this process."""
 
     def __init__(self) -> None:
-        self.engine = make_engine(ServerSettings(threads=1, drafting=False))
+        self.engine = make_engine(ServerSettings(threads=1, speculation=False))
         self.engine.load()
         self.open: set[str] = set()
 

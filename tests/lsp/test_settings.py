@@ -6,7 +6,7 @@ from specls.lsp.settings import ServerSettings, parse_settings
 
 def test_defaults_are_sane():
     s = ServerSettings()
-    assert s.max_tokens > 0 and s.multiline == "auto" and s.drafting and s.languages == ()
+    assert s.max_tokens > 0 and s.multiline == "auto" and s.speculation and s.languages == ()
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ def test_unknown_and_invalid_are_reported_and_ignored():
         {"maxTokens": -3, "bogus": 1, "multiline": "sometimes", "drafting": "maybe", "gamma": 4}, base
     )
     assert s.max_tokens == 40  # invalid value keeps the previous one
-    assert s.multiline == "auto" and s.drafting is True
+    assert s.multiline == "auto" and s.speculation is True
     assert s.gamma == 4  # the valid one still applies
     assert len(problems) == 4
     assert any("bogus" in p for p in problems)
@@ -65,3 +65,9 @@ def test_engine_fields_change_detection():
 def test_star_means_every_language():
     s, problems = parse_settings({"enabledLanguages": ["python", "*"]})
     assert problems == [] and s.languages == ()  # not a languageId called "*"
+
+
+@pytest.mark.parametrize("key", ["speculation", "drafting"])
+def test_speculation_setting_and_its_former_name(key):
+    s, problems = parse_settings({key: False})
+    assert problems == [] and s.speculation is False  # Not an unknown setting: "drafting" was its name

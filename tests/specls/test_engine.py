@@ -15,11 +15,11 @@ from specls.prompt import PromptBudget
 from tests.specls.fakes import SOURCE, fake_models
 
 CONFIGS = {
-    "plain": EngineSettings(speculate=False),
-    "lookup": EngineSettings(use_draft=False),
-    "draft": EngineSettings(use_lookup=False),
+    "plain": EngineSettings(speculation=False),
+    "lookup": EngineSettings(draft_model=False),
+    "draft": EngineSettings(lookup=False),
     "hybrid": EngineSettings(),
-    "none": EngineSettings(use_draft=False, use_lookup=False),  # only completion reuse could draft
+    "none": EngineSettings(draft_model=False, lookup=False),  # only completion reuse could draft
 }
 
 # cursor positions in SOURCE: (characters before the cursor)
@@ -97,7 +97,7 @@ def test_prefix_reuse_after_edit_above_cursor() -> None:
     """An edit far above the cursor changes the prompt's middle: the cache is cut there, output exact."""
     models = fake_models()
     # the whole file fits the window (one character = one token here)
-    engine = OnnxEngine(EngineSettings(speculate=False, budget=PromptBudget(prefix_tokens=1000)), models)
+    engine = OnnxEngine(EngineSettings(speculation=False, budget=PromptBudget(prefix_tokens=1000)), models)
     pos = POINTS[2]
     engine.complete(request(pos))
     text = SOURCE.replace("import sys", "import sys as system")
@@ -203,7 +203,7 @@ def test_text_stop_decodes_only_new_tokens() -> None:
             return super().decode(ids)
 
     models = replace(fake_models(allow_eos=False), tokenizer=CountingTokenizer())
-    engine = OnnxEngine(EngineSettings(lru_size=0, speculate=False), models)
+    engine = OnnxEngine(EngineSettings(lru_size=0, speculation=False), models)
     seen: list[int] = []
 
     def stop(text: str) -> int | None:
@@ -219,7 +219,7 @@ def test_text_stop_decodes_only_new_tokens() -> None:
 
 def test_cancel_returns_within_one_pass() -> None:
     models = fake_models()
-    engine = OnnxEngine(EngineSettings(speculate=False, lru_size=0), models)
+    engine = OnnxEngine(EngineSettings(speculation=False, lru_size=0), models)
     target = models.target
     assert isinstance(target, FakeLM)
     checks = 0
@@ -257,7 +257,7 @@ def test_close_document_frees_kv() -> None:
 
 
 def test_kv_documents_bounded() -> None:
-    engine = OnnxEngine(EngineSettings(kv_documents=2, speculate=False), fake_models())
+    engine = OnnxEngine(EngineSettings(kv_documents=2, speculation=False), fake_models())
     for i in range(4):
         engine.complete(request(POINTS[0], max_tokens=3, doc=f"file:///w/{i}.py"))
     assert engine.stats()["documents"] == 2
@@ -283,7 +283,7 @@ def test_bad_inputs() -> None:
 
 
 def test_missing_model_dir_is_engine_error(tmp_path: object) -> None:
-    engine = OnnxEngine(EngineSettings(target_dir=str(tmp_path) + "/nope", use_draft=False))
+    engine = OnnxEngine(EngineSettings(model=str(tmp_path) + "/nope", draft_model=False))
     with pytest.raises(EngineError) as info:
         engine.load()
     assert "nope" in str(info.value)

@@ -83,17 +83,17 @@ def req(p: Point, doc: str, max_tokens: int = MAX) -> CompletionRequest:
 @pytest.mark.parametrize(
     "config",
     [
-        EngineSettings(use_draft=False),
-        EngineSettings(use_lookup=False),
+        EngineSettings(draft_model=False),
+        EngineSettings(lookup=False),
         EngineSettings(),
-        EngineSettings(use_draft=False, use_lookup=False),
+        EngineSettings(draft_model=False, lookup=False),
     ],
     ids=["lookup", "draft", "hybrid", "none"],
 )
 def test_speculative_equals_plain_on_bundled(
     engine: OnnxEngine, points: list[Point], config: EngineSettings
 ) -> None:
-    plain = engine.with_settings(EngineSettings(speculate=False, lru_size=0))
+    plain = engine.with_settings(EngineSettings(speculation=False, lru_size=0))
     spec = engine.with_settings(replace(config, lru_size=0))
     drafted = 0
     for i, p in enumerate(points):
@@ -107,7 +107,7 @@ def test_speculative_equals_plain_on_bundled(
             engine.models, plain.last_prompt, plain.last_tokens, spec.last_tokens
         )
         drafted += r.drafted
-    if config.use_draft:
+    if config.draft_model:
         assert drafted > 0
 
 
@@ -163,7 +163,7 @@ def test_lru_hit_makes_zero_model_calls(engine: OnnxEngine, points: list[Point])
 def test_cancel_mid_generation_returns_within_one_pass(engine: OnnxEngine, points: list[Point]) -> None:
     m = engine.models
     target = CountingLM(m.target)
-    e = OnnxEngine(EngineSettings(speculate=False, lru_size=0), replace(m, target=target))
+    e = OnnxEngine(EngineSettings(speculation=False, lru_size=0), replace(m, target=target))
 
     def cancelled() -> bool:
         return target.calls[0] >= 3  # fires once the prefill and 2 passes ran

@@ -91,7 +91,7 @@ def test_sessions_closing_free_engine_documents_and_kv() -> None:
 
 def test_speculation_cap_keeps_output_exact() -> None:
     engine = fake_engine(lru_size=0)
-    plain = fake_engine(lru_size=0, speculate=False)
+    plain = fake_engine(lru_size=0, speculation=False)
     for pos in POINTS:
         want = plain.complete(req(pos, doc="p"))
         for cap in (0, 1, 3):
