@@ -41,6 +41,7 @@ from specls.lsp.postprocess import Completion, finalize, lf_breaks, make_context
 from specls.lsp.settings import ServerSettings, parse_settings
 
 from specls.api import CompletionRequest, CompletionResult, Engine
+from specls.stats import percentile
 
 logger = logging.getLogger(__name__)
 
@@ -62,14 +63,11 @@ EngineFactory = Callable[[ServerSettings], Engine]
 
 
 def _percentiles(values: Sequence[float]) -> dict[str, float | int]:
-    if not values:
-        return {"n": 0, "p50": 0.0, "p95": 0.0}
-    ordered = sorted(values)
-
-    def pick(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))], 2)
-
-    return {"n": len(ordered), "p50": pick(0.5), "p95": pick(0.95)}
+    return {
+        "n": len(values),
+        "p50": round(percentile(values, 50), 2),
+        "p95": round(percentile(values, 95), 2),
+    }
 
 
 def post_to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from specls.decoder.api import DecodeResult, DrafterStats
+from specls.stats import percentile
 
 LATENCY_WINDOW = 2000  # latency samples kept for the percentiles
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100, linear interpolation); 0.0 for no values.
-    Example: ``percentile([10, 20, 30, 40], 50) == 25.0``."""
-    if not values:
-        return 0.0
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
 def merge_drafter_stats(into: dict[str, DrafterStats], new: dict[str, DrafterStats]) -> None:

@@ -25,6 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specls.stats import percentile
+
+NAN = float("nan")  # a percentile of nothing
+
 CANCELLED = -32800
 
 
@@ -55,13 +59,6 @@ class Tally:
     latency_ms: list[float] = field(default_factory=list)  # keystroke -> answer (answered ones)
     served_latency_ms: list[float] = field(default_factory=list)
     request_ms: list[float] = field(default_factory=list)  # request sent -> answer
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
 def _utf16_len(s: str) -> int:
@@ -289,18 +286,18 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
         "errors": tally.errors[:5],
         "error_count": len(tally.errors),
         "keystroke_to_result_ms": {
-            "p50": round(_pct(tally.latency_ms, 0.5), 1),
-            "p95": round(_pct(tally.latency_ms, 0.95), 1),
+            "p50": round(percentile(tally.latency_ms, 50, NAN), 1),
+            "p95": round(percentile(tally.latency_ms, 95, NAN), 1),
             "n": len(tally.latency_ms),
         },
         "keystroke_to_suggestion_ms": {
-            "p50": round(_pct(tally.served_latency_ms, 0.5), 1),
-            "p95": round(_pct(tally.served_latency_ms, 0.95), 1),
+            "p50": round(percentile(tally.served_latency_ms, 50, NAN), 1),
+            "p95": round(percentile(tally.served_latency_ms, 95, NAN), 1),
             "n": len(tally.served_latency_ms),
         },
         "request_to_result_ms": {
-            "p50": round(_pct(tally.request_ms, 0.5), 1),
-            "p95": round(_pct(tally.request_ms, 0.95), 1),
+            "p50": round(percentile(tally.request_ms, 50, NAN), 1),
+            "p95": round(percentile(tally.request_ms, 95, NAN), 1),
             "mean": round(statistics.fmean(tally.request_ms), 1) if tally.request_ms else float("nan"),
         },
         "server": {

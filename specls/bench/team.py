@@ -34,6 +34,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from specls.stats import percentile
+
+NAN = float("nan")  # a percentile of nothing
+
 CANCELLED = -32800
 
 
@@ -306,13 +310,6 @@ async def wait_ready(host: str, port: int, token: str | None, timeout: float = 6
         await asyncio.sleep(0.5)
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
 async def run_clients(
     host: str,
     port: int,
@@ -398,8 +395,8 @@ def _report(label: str, stats: list[ClientStats], duration: float, rss: tuple[fl
     print(f"errors                  {len(errors)}")
     for e in sorted(set(errors))[:5]:
         print(f"  {e}")
-    print(f"keystroke->result p50   {_pct(lat, 50):.0f} ms")
-    print(f"keystroke->result p95   {_pct(lat, 95):.0f} ms")
+    print(f"keystroke->result p50   {percentile(lat, 50, NAN):.0f} ms")
+    print(f"keystroke->result p95   {percentile(lat, 95, NAN):.0f} ms")
     per_client = [len(s.latencies_ms) for s in stats]
     if per_client:
         print(f"served per client       min {min(per_client)} / median {statistics.median(per_client):.0f}")
