@@ -6,10 +6,10 @@ models, only text.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from specls.decoder.api import CancelCheck, DrafterStats, never_cancelled
+from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
 
 
 @dataclass(frozen=True)
@@ -34,21 +34,67 @@ class CompletionRequest:
 
 @dataclass
 class CompletionResult:
+    """One completion's text and where it came from. ``decode`` is the decode that produced it, with
+    its cost (passes, drafting, prefill, times; a remote engine fills in what its server reports), or
+    None when no decode ran (a cache hit, an empty or cancelled request); the properties read it."""
+
     text: str
-    tokens: int = 0
+    tokens: int = 0  # tokens the text stands for (generated, or replayed from a cache)
     stop_reason: str = "max_tokens"
     cancelled: bool = False
-    target_passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
-    prefill_tokens: int = 0
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
+    decode: DecodeResult | None = None
     prefix_reused_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
     completion_reuse: bool = False  # the previous completion was used as the draft
     cache_hit: bool = False  # answered from the finished-completion LRU, no model call
     provider: str = "cpu"
+
+    @property
+    def target_passes(self) -> int:
+        return self.decode.target_passes if self.decode is not None else 0
+
+    @property
+    def drafted(self) -> int:
+        return self.decode.drafted if self.decode is not None else 0
+
+    @property
+    def accepted(self) -> int:
+        return self.decode.accepted if self.decode is not None else 0
+
+    @property
+    def per_drafter(self) -> dict[str, DrafterStats]:
+        return self.decode.per_drafter if self.decode is not None else {}
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.decode.prefill_tokens if self.decode is not None else 0
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.decode.prefill_ms if self.decode is not None else 0.0
+
+    @property
+    def decode_ms(self) -> float:
+        return self.decode.decode_ms if self.decode is not None else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able data (the decode's counts flat, without its token ids)."""
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "stop_reason": self.stop_reason,
+            "cancelled": self.cancelled,
+            "target_passes": self.target_passes,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "per_drafter": {k: asdict(v) for k, v in self.per_drafter.items()},
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_ms": self.prefill_ms,
+            "decode_ms": self.decode_ms,
+            "prefix_reused_tokens": self.prefix_reused_tokens,
+            "completion_reuse": self.completion_reuse,
+            "cache_hit": self.cache_hit,
+            "provider": self.provider,
+        }
 
 
 class EngineError(RuntimeError):

@@ -326,13 +326,7 @@ class OnnxEngine:
             tokens=len(out.tokens),
             stop_reason=out.stop_reason,
             cancelled=out.stop_reason == "cancelled",
-            target_passes=out.target_passes,
-            drafted=out.drafted,
-            accepted=out.accepted,
-            per_drafter=out.per_drafter,
-            prefill_tokens=out.prefill_tokens,
-            prefill_ms=out.prefill_ms,
-            decode_ms=out.decode_ms,
+            decode=out,
             prefix_reused_tokens=reused,
             completion_reuse=reuse,
             cache_hit=False,
@@ -505,8 +499,4 @@ class OnnxEngine:
 
 def result_to_dict(result: CompletionResult) -> dict[str, Any]:
     """A CompletionResult as plain JSON-able data."""
-    from dataclasses import asdict
-
-    d = asdict(result)
-    d["per_drafter"] = {k: asdict(v) for k, v in result.per_drafter.items()}
-    return d
+    return dict(result.to_dict())

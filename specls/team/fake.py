@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specls.api import CompletionRequest, CompletionResult, EngineError
-from specls.decoder.api import CancelCheck, DrafterStats, never_cancelled
+from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,14 @@ class FakeEngine:
             tokens=n,
             stop_reason=stop_reason,
             cancelled=stop_reason == "cancelled",
-            target_passes=passes,
-            drafted=drafted,
-            accepted=accepted,
-            per_drafter=per,
-            decode_ms=(time.perf_counter() - t0) * 1000,
+            decode=DecodeResult(
+                tokens=[],  # a model-free engine has no token ids
+                target_passes=passes,
+                drafted=drafted,
+                accepted=accepted,
+                per_drafter=per,
+                decode_ms=(time.perf_counter() - t0) * 1000,
+            ),
             provider="fake",
         )
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specls.api import CompletionRequest, CompletionResult, EngineError
-from specls.decoder.api import CancelCheck, DrafterStats, never_cancelled
+from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -474,7 +474,7 @@ class RemoteEngine:
                 text=text,
                 tokens=tokens,
                 stop_reason=stop_reason,
-                decode_ms=(time.perf_counter() - t0) * 1000,
+                decode=DecodeResult(tokens=[], decode_ms=(time.perf_counter() - t0) * 1000),
                 provider="remote",
             ),
             extra,
@@ -488,16 +488,18 @@ def _with_remote_stats(result: CompletionResult, extra: dict[str, object]) -> Co
         v = extra.get(key)
         return int(v) if isinstance(v, int | float) else 0
 
-    result.target_passes = num("target_passes")
-    result.drafted = num("drafted")
-    result.accepted = num("accepted")
-    result.prefill_tokens = num("prefill_tokens")
+    decode = result.decode if result.decode is not None else DecodeResult(tokens=[])
+    result.decode = decode
+    decode.target_passes = num("target_passes")
+    decode.drafted = num("drafted")
+    decode.accepted = num("accepted")
+    decode.prefill_tokens = num("prefill_tokens")
     result.prefix_reused_tokens = num("prefix_reused_tokens")
     per = extra.get("per_drafter")
     if isinstance(per, dict):
         for name, s in per.items():
             if isinstance(s, dict):
-                result.per_drafter[str(name)] = DrafterStats(
+                decode.per_drafter[str(name)] = DrafterStats(
                     drafted=int(s.get("drafted", 0)),
                     accepted=int(s.get("accepted", 0)),
                     proposals=int(s.get("proposals", 0)),

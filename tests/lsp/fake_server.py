@@ -18,7 +18,7 @@ import time
 import zlib
 from collections.abc import Callable
 
-from specls.decoder.api import CancelCheck, never_cancelled
+from specls.decoder.api import CancelCheck, DecodeResult, never_cancelled
 from specls.lsp.server import EngineHost, create_server
 from specls.lsp.settings import ServerSettings
 
@@ -90,7 +90,10 @@ class FakeEngine:
                 if keep is not None:
                     return CompletionResult(text=text[:keep], tokens=passes, stop_reason="stop")
         return CompletionResult(
-            text=text, tokens=passes, stop_reason="eos", prefill_tokens=len(request.prefix)
+            text=text,
+            tokens=passes,
+            stop_reason="eos",
+            decode=DecodeResult(tokens=[], prefill_tokens=len(request.prefix)),
         )
 
     def stats(self) -> dict[str, object]:

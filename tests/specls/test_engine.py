@@ -382,3 +382,18 @@ def test_big_reindex_of_a_buffer_waits() -> None:
     engine.close_document(doc)
     engine.flush()
     assert doc not in index
+
+
+def test_result_carries_its_decode() -> None:
+    engine = OnnxEngine(EngineSettings(), fake_models())
+    r = engine.complete(request(POINTS[0]))
+    assert r.decode is not None and r.decode.tokens == engine.last_tokens  # the loop's own result
+    assert (r.target_passes, r.drafted, r.prefill_tokens) == (
+        r.decode.target_passes,
+        r.decode.drafted,
+        r.decode.prefill_tokens,
+    )
+    hit = engine.complete(request(POINTS[0]))
+    assert hit.cache_hit and hit.decode is None and hit.target_passes == 0  # Not the first one's cost
+    d = r.to_dict()
+    assert d["target_passes"] == r.target_passes and "decode" not in d  # flat, without token ids
