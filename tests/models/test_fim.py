@@ -120,11 +120,11 @@ def test_prefix_only_model_completes_and_suffix_feeds_lookup() -> None:
         lookup = r.per_drafter.get("lookup")
         return e, r.text, lookup.accepted if lookup is not None else 0
 
-    plain, text, _ = run(EngineSettings(speculate=False), "")
+    plain, text, _ = run(EngineSettings(speculation=False), "")
     assert len(text) >= 20
     assert plain.last_prompt == models.tokenizer.encode(prefix)  # Not a FIM layout: no special token
-    with_suffix, text_s, accepted_s = run(EngineSettings(use_draft=False), text + "\n")
-    without, text_n, accepted_n = run(EngineSettings(use_draft=False), "")
+    with_suffix, text_s, accepted_s = run(EngineSettings(draft_model=False), text + "\n")
+    without, text_n, accepted_n = run(EngineSettings(draft_model=False), "")
     assert text_s == text_n == text  # speculative == plain greedy
     assert with_suffix.last_prompt == plain.last_prompt  # the suffix is not in the prompt ...
     assert accepted_s > accepted_n  # ... but lookup drafted from it

@@ -128,17 +128,17 @@ def _margin(engine: OnnxEngine, prompt: list[int], ref: list[int], got: list[int
 def test_speculative_equals_plain_greedy_on_gguf_export(exported_gguf: dict[str, Path], arch: str) -> None:
     d = str(exported_gguf[arch])
     # the model drafts for itself: the draft-model path runs on the same graph as the target
-    base = OnnxEngine(EngineSettings(target_dir=d, draft_dir=d, threads=1, lru_size=0))
+    base = OnnxEngine(EngineSettings(model=d, draft=d, threads=1, lru_size=0))
     base.load()
-    plain = base.with_settings(EngineSettings(target_dir=d, speculate=False, lru_size=0))
+    plain = base.with_settings(EngineSettings(model=d, speculation=False, lru_size=0))
     fim = base.models.fim
     if arch == "llama":
         assert fim is None
     else:
         assert fim is not None and fim.order == "psm" and fim.file_sep_id is None
     drafted = 0
-    for config in (EngineSettings(use_draft=False), EngineSettings(use_lookup=False), EngineSettings()):
-        spec = base.with_settings(replace(config, target_dir=d, draft_dir=d, lru_size=0))
+    for config in (EngineSettings(draft_model=False), EngineSettings(lookup=False), EngineSettings()):
+        spec = base.with_settings(replace(config, model=d, draft=d, lru_size=0))
         for i, (a, b) in enumerate(CUTS):
             doc = f"file:///w/{arch}{i}.py"
             for e in (plain, spec):
@@ -174,7 +174,7 @@ def test_fim_family_none_forces_prefix_only(ggufs: dict[str, TinyGguf], tmp_path
     )
     assert rc == 0
     assert json.loads((out / "specls.json").read_text())["fim"] is None
-    engine = OnnxEngine(EngineSettings(target_dir=str(out), use_draft=False, threads=1))
+    engine = OnnxEngine(EngineSettings(model=str(out), draft_model=False, threads=1))
     engine.load()
     assert engine.models.fim is None
     tok = engine.models.tokenizer
