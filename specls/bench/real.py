@@ -646,7 +646,7 @@ def run_bench(opt: RealBenchOptions) -> int:
         say("specls bench real: no usable source files\n")
         return 2
     base = EngineSettings(
-        target_dir=opt.model, draft_dir=opt.draft, threads=opt.threads, lru_size=0, completion_reuse=False
+        model=opt.model, draft=opt.draft, threads=opt.threads, lru_size=0, completion_reuse=False
     )
     hybrid = OnnxEngine(base)
     t0 = time.perf_counter()
@@ -657,9 +657,9 @@ def run_bench(opt: RealBenchOptions) -> int:
         return 2
     say(f"bench real: specls loaded in {time.perf_counter() - t0:.1f} s\n")
     engines = {
-        "plain": hybrid.with_settings(replace(base, speculate=False)),
-        "lookup": hybrid.with_settings(replace(base, use_draft=False)),
-        "draft": hybrid.with_settings(replace(base, use_lookup=False)),
+        "plain": hybrid.with_settings(replace(base, speculation=False)),
+        "lookup": hybrid.with_settings(replace(base, draft_model=False)),
+        "draft": hybrid.with_settings(replace(base, lookup=False)),
         "hybrid": hybrid,
     }
     hf: HfGguf | None = None
