@@ -30,14 +30,14 @@ class StubBackend:
 
             def _answer(self, status: int, obj: object) -> None:
                 body = json.dumps(obj).encode()
+                with stub.lock:  # before the answer: a client that has it may count it at once
+                    stub.seen.append((self.command, self.path, status))
+                stub.first_request.set()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-                with stub.lock:
-                    stub.seen.append((self.command, self.path, status))
-                stub.first_request.set()
 
             def _loading(self) -> bool:
                 with stub.lock:
