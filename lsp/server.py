@@ -40,7 +40,7 @@ from specls.lsp.documents import Document, DocumentStore, sanitize, window
 from specls.lsp.postprocess import Completion, finalize, lf_breaks, make_context, stop_point
 from specls.lsp.settings import ServerSettings, parse_settings
 
-from specls.api import CompletionRequest, CompletionResult, Engine
+from specls.api import CompletionRequest, CompletionResult, Engine, ResultTotals
 from specls.stats import percentile
 
 logger = logging.getLogger(__name__)
@@ -95,24 +95,14 @@ class Counters:
     errors: int = 0
     accepted: int = 0
     shown: int = 0
-    engine_calls: int = 0
-    tokens_generated: int = 0
     tokens_wasted: int = 0  # generated for results that were cancelled or stale
-    prefill_tokens: int = 0  # prompt tokens run through the target (not reused)
-    prefix_reused_tokens: int = 0  # prompt tokens whose KV came from the previous request
-    completion_reuse_hits: int = 0
-    cache_hits: int = 0
+    results: ResultTotals = field(default_factory=ResultTotals)  # every result that came back
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     keystroke_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
 
     def snapshot(self) -> dict[str, object]:
-        plain = {k: v for k, v in vars(self).items() if not isinstance(v, deque)}
-        calls = max(1, self.engine_calls)
-        plain["prefill_tokens_per_call"] = round(self.prefill_tokens / calls, 2)
-        prompt = self.prefix_reused_tokens + self.prefill_tokens
-        plain["prefix_reuse_rate"] = round(self.prefix_reused_tokens / max(1, prompt), 4)
-        plain["completion_reuse_rate"] = round(self.completion_reuse_hits / calls, 4)
-        plain["cache_hit_rate"] = round(self.cache_hits / calls, 4)
+        plain = {k: v for k, v in vars(self).items() if not isinstance(v, deque | ResultTotals)}
+        plain.update(self.results.snapshot())
         plain["latency_ms"] = _percentiles(list(self.latency_ms))
         plain["keystroke_to_result_ms"] = _percentiles(list(self.keystroke_ms))
         return plain
@@ -690,12 +680,7 @@ class Session:
             return
         result = future.result()
         assert result is not None
-        counters.engine_calls += 1
-        counters.tokens_generated += result.tokens
-        counters.prefill_tokens += result.prefill_tokens
-        counters.prefix_reused_tokens += result.prefix_reused_tokens
-        counters.completion_reuse_hits += int(result.completion_reuse)
-        counters.cache_hits += int(result.cache_hit)
+        counters.results.add(result)
         if result.stop_reason == "error":
             counters.errors += 1
         elif job.cancelled or result.cancelled:

@@ -97,6 +97,39 @@ class CompletionResult:
         }
 
 
+@dataclass
+class ResultTotals:
+    """Sums over the CompletionResults a caller received (a language server's view of its engine,
+    whatever the engine): read from the results, so no caller re-lists their fields."""
+
+    engine_calls: int = 0
+    tokens_generated: int = 0
+    prefill_tokens: int = 0  # prompt tokens run through the target (not reused)
+    prefix_reused_tokens: int = 0  # prompt tokens whose KV came from the previous request
+    completion_reuse_hits: int = 0
+    cache_hits: int = 0
+
+    def add(self, result: CompletionResult) -> None:
+        self.engine_calls += 1
+        self.tokens_generated += result.tokens
+        self.prefill_tokens += result.prefill_tokens
+        self.prefix_reused_tokens += result.prefix_reused_tokens
+        self.completion_reuse_hits += int(result.completion_reuse)
+        self.cache_hits += int(result.cache_hit)
+
+    def snapshot(self) -> dict[str, object]:
+        """The sums and the rates per call (prefix reuse: the share of prompt tokens reused)."""
+        calls = max(1, self.engine_calls)
+        prompt = self.prefix_reused_tokens + self.prefill_tokens
+        return {
+            **asdict(self),
+            "prefill_tokens_per_call": round(self.prefill_tokens / calls, 2),
+            "prefix_reuse_rate": round(self.prefix_reused_tokens / max(1, prompt), 4),
+            "completion_reuse_rate": round(self.completion_reuse_hits / calls, 4),
+            "cache_hit_rate": round(self.cache_hits / calls, 4),
+        }
+
+
 class EngineError(RuntimeError):
     """A backend that cannot serve (model missing/corrupt, remote unreachable). Message is for users."""
 

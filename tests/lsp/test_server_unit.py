@@ -100,3 +100,20 @@ def test_unauthenticated_team_client_documents_never_reach_the_engine():
         assert engine.counts["updates"] == 1
     finally:
         host.close()
+
+
+def test_counters_snapshot_reads_the_results() -> None:
+    from specls.decoder.api import DecodeResult
+    from specls.lsp.server import Counters
+
+    from specls.api import CompletionResult
+
+    c = Counters()
+    c.results.add(
+        CompletionResult("x", tokens=4, decode=DecodeResult(tokens=[1, 2, 3, 4], prefill_tokens=10))
+    )
+    c.results.add(CompletionResult("y", tokens=2, prefix_reused_tokens=30, cache_hit=True))
+    s = c.snapshot()
+    assert (s["engine_calls"], s["tokens_generated"], s["prefill_tokens"], s["cache_hits"]) == (2, 6, 10, 1)
+    assert s["prefill_tokens_per_call"] == 5.0 and s["prefix_reuse_rate"] == 0.75  # 30 of 40 prompt tokens
+    assert "results" not in s  # flat, as before
