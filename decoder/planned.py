@@ -81,6 +81,7 @@ class PlannedDrafter(Drafter):
         self._q: np.ndarray | None = None
 
     def begin(self, settings: DecodeSettings) -> None:
+        self.end()  # the previous request of this drafter, if it was not ended
         self._max_new = settings.max_new_tokens
         self._start = None
         self._generated = 0

@@ -18,7 +18,8 @@ CONFIGS = {
     "plain": EngineSettings(speculation=False),
     "lookup": EngineSettings(draft_model=False),
     "draft": EngineSettings(lookup=False),
-    "hybrid": EngineSettings(),
+    "hybrid": EngineSettings(),  # both drafters, planned per pass by the drafting policy
+    "fixed-hybrid": EngineSettings(drafting_policy=False),
     "none": EngineSettings(draft_model=False, lookup=False),  # only completion reuse could draft
 }
 
@@ -397,3 +398,22 @@ def test_result_carries_its_decode() -> None:
     assert hit.cache_hit and hit.decode is None and hit.target_passes == 0  # Not the first one's cost
     d = r.to_dict()
     assert d["target_passes"] == r.target_passes and "decode" not in d  # flat, without token ids
+
+
+def test_the_drafting_policy_plans_both_drafters_and_learns_across_requests() -> None:
+    models = fake_models()
+    engine = OnnxEngine(EngineSettings(), models)
+    engine.update_document("file:///w/a.py", SOURCE)
+    for pos in POINTS:
+        engine.complete(request(pos, max_tokens=40, doc=f"file:///w/{pos}.py"))
+        assert engine.last_tokens == reference(models, engine, 40)
+    policy = engine.stats()["drafting_policy"]
+    assert isinstance(policy, dict)
+    choices = policy["choices"]
+    assert sum(choices.values()) > 0  # every pass was planned. Not {}: the fixed hybrid rule
+    assert set(choices) <= {"plain", "lookup", "model", "lookup+model"}
+    assert models.policy.lookup.reached or models.policy.model.reached  # acceptance was learned
+    fixed = OnnxEngine(EngineSettings(drafting_policy=False), fake_models())
+    fixed.complete(request(POINTS[0]))
+    assert fixed.stats()["drafting_policy"] == fixed.models.policy.snapshot()
+    assert fixed.models.policy.choices == {}  # the fixed rule never asks the policy

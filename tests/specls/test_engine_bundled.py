@@ -261,3 +261,14 @@ def test_concurrent_batched_completions_equal_one_at_a_time(
         assert got[i] == want[i], margin(
             engine.models, prompts[i], tokens[i], models.tokenizer.encode(got[i])
         )
+
+
+def test_a_custom_target_without_a_draft_dir_loads_no_draft() -> None:
+    # the bundled draft shares only the bundled target's tokenizer: not a default for other targets
+    custom = OnnxEngine(EngineSettings(model=str(bundled_dir("target"))))
+    custom.load()
+    assert custom.models.draft is None  # Not the bundled draft (a tokenizer mismatch for real models)
+    paired = OnnxEngine(EngineSettings(model=str(bundled_dir("target")), draft=str(bundled_dir("draft"))))
+    paired.load()
+    assert paired.models.draft is not None
+    assert paired.models.policy.costs.step > 0.0  # pass costs measured at load for the pair
