@@ -271,31 +271,40 @@ class HfBaselines:
         self.draft.eval()
 
     def run(self, method: str, prompt: list[int], max_new: int, eos: list[int]) -> Run:
-        torch = self.torch
-        ids = torch.tensor([prompt], dtype=torch.long)
         kwargs: dict[str, Any] = {}
         if method == "hf-assisted":
             kwargs["assistant_model"] = self.draft
         elif method == "hf-lookup":
             kwargs["prompt_lookup_num_tokens"] = 10
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = self.target.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos[0],
-                **kwargs,
-            )
-        ms = (time.perf_counter() - t0) * 1e3
-        tokens = [int(t) for t in out[0, len(prompt) :].tolist()]
-        for i, t in enumerate(tokens):
-            if t in eos:
-                tokens = tokens[:i]
-                break
+        tokens, ms = hf_greedy(self.target, prompt, max_new, eos, **kwargs)
         return Run(ms, tokens)
+
+
+def hf_greedy(
+    model: Any, prompt: list[int], max_new: int, eos: list[int], **kwargs: Any
+) -> tuple[list[int], float]:
+    """Greedy ``model.generate`` (transformers) after ``prompt``: the tokens before the first eos and
+    the end-to-end milliseconds. ``kwargs`` select assisted / prompt-lookup / stop strings."""
+    import torch
+
+    ids = torch.tensor([prompt], dtype=torch.long)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            **kwargs,
+        )
+    ms = (time.perf_counter() - t0) * 1e3
+    tokens = [int(t) for t in out[0, len(prompt) :].tolist()]
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:i], ms
+    return tokens, ms
 
 
 # -- the run ---------------------------------------------------------------------------------------

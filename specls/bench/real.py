@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from specls.bench.decode import Point, make_points, source_files
+from specls.bench.decode import Point, hf_greedy, make_points, source_files
 
 logger = logging.getLogger(__name__)
 
@@ -353,29 +353,11 @@ class HfGguf:
         self.draft = load(gguf_draft)
 
     def run(self, method: str, prompt: list[int], max_new: int, eos: list[int], task: str, tok: Any) -> Run:
-        torch = self.torch
-        ids = torch.tensor([prompt], dtype=torch.long)
         kwargs: dict[str, Any] = {"assistant_model": self.draft} if method == "hf-assisted" else {}
         if task == "short":
             kwargs["stop_strings"] = ["\n"]
             kwargs["tokenizer"] = tok
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = self.target.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos[0],
-                **kwargs,
-            )
-        ms = (time.perf_counter() - t0) * 1e3
-        tokens = [int(t) for t in out[0, len(prompt) :].tolist()]
-        for i, t in enumerate(tokens):
-            if t in eos:
-                tokens = tokens[:i]
-                break
+        tokens, ms = hf_greedy(self.target, prompt, max_new, eos, **kwargs)
         # generate reports no pass count or prefill split: end-to-end only
         return Run(tokens, ms, 0.0, ms, 0)
 
