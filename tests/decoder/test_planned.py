@@ -115,12 +115,12 @@ def test_calibrate_recovers_the_cost_model() -> None:
     clock = [0.0]
     target = _Clocked(TARGET, clock, fixed=0.10, per_token=0.01)
     draft = _Clocked(GOOD_DRAFT, clock, fixed=0.03, per_token=0.001)
-    costs = calibrate(target, draft, lambda: clock[0], prefix=32)
+    costs = calibrate(target, draft, lambda: clock[0], prefix=32, points=(1, 2, 4, 8), runs=3)
     one = 0.11
     assert costs.verify[0] == 1.0
     assert costs.verify[4] == pytest.approx((0.10 + 0.05) / one)  # measured at g = 4
     assert costs.verify[3] == pytest.approx((0.10 + 0.04) / one)  # interpolated between 2 and 4
     assert costs.step == pytest.approx(0.031 / one)
-    assert costs.catchup == pytest.approx((0.03 + 0.032) / 32 / one)
+    assert costs.catchup == pytest.approx((0.03 + 0.016) / 16 / one)  # a 16-token feed
     alone = calibrate(target, None, lambda: clock[0], prefix=8)
     assert alone.step == 0.0 and len(alone.verify) == 9
