@@ -240,12 +240,7 @@ class HybridDrafter(Drafter):
                 model_q = self.model.proposal_probs()
         n_model = len(tokens) - n_lookup
         self._sources = [PromptLookupDrafter.name] * n_lookup + [DraftModelDrafter.name] * n_model
-        if model_q is not None and n_model > 0:
-            # q: [n, vocab]; lookup tokens are point masses (one-hot rows give exactly that rule)
-            q = np.zeros((len(tokens), model_q.shape[-1]), dtype=model_q.dtype)
-            q[np.arange(n_lookup), tokens[:n_lookup]] = 1.0
-            q[n_lookup:] = model_q[:n_model]
-            self._q = q
+        self._q = point_masses_then(tokens, n_lookup, model_q)
         return tokens
 
     def observe(self, n_accepted: int) -> None:
@@ -260,3 +255,16 @@ class HybridDrafter(Drafter):
 
     def proposal_sources(self) -> Sequence[str]:
         return list(self._sources)
+
+
+def point_masses_then(tokens: Sequence[int], n_point: int, model_q: np.ndarray | None) -> np.ndarray | None:
+    """q: [len(tokens), vocab] for a proposal whose first ``n_point`` tokens are point masses (lookup:
+    one-hot rows give exactly that rule) and whose rest were sampled from ``model_q`` ([>= rest, vocab]);
+    None when there is no model part."""
+    n_model = len(tokens) - n_point
+    if model_q is None or n_model <= 0:
+        return None
+    q = np.zeros((len(tokens), model_q.shape[-1]), dtype=model_q.dtype)
+    q[np.arange(n_point), list(tokens[:n_point])] = 1.0
+    q[n_point:] = model_q[:n_model]
+    return q

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from specls.decoder.api import CausalLM, DecodeSettings, Drafter
-from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, point_masses_then
 from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
 
 log = logging.getLogger(__name__)
@@ -149,18 +149,6 @@ class PlannedDrafter(Drafter):
 
     def proposal_sources(self) -> Sequence[str]:
         return list(self._sources)
-
-
-def point_masses_then(tokens: Sequence[int], n_point: int, model_q: np.ndarray | None) -> np.ndarray | None:
-    """q: [len(tokens), vocab] for a proposal whose first ``n_point`` tokens are point masses (lookup)
-    and whose rest were sampled from ``model_q`` ([>= rest, vocab]); None when there is no model part."""
-    n_model = len(tokens) - n_point
-    if model_q is None or n_model <= 0:
-        return None
-    q = np.zeros((len(tokens), model_q.shape[-1]), dtype=model_q.dtype)
-    q[np.arange(n_point), list(tokens[:n_point])] = 1.0
-    q[n_point:] = model_q[:n_model]
-    return q
 
 
 Clock = Callable[[], float]

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from specls.decoder.api import CausalLM, DecodeSettings, Drafter
-from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, point_masses_then
 from specls.decoder.loop import generate
 from specls.decoder.ngram import NgramIndex
-from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate, point_masses_then
+from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate
 from specls.decoder.policy import AcceptanceByPosition, PassCosts
 from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
 
