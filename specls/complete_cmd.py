@@ -137,7 +137,21 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     if args.stats:
         sys.stderr.write(format_stats(result_to_dict(result)) + "\n")
+        policy = engine.stats().get("drafting_policy")
+        if isinstance(policy, dict) and policy.get("choices"):
+            sys.stderr.write(format_policy(policy) + "\n")
     return 0
+
+
+def format_policy(p: dict[str, Any]) -> str:
+    """The drafting policy's choices and what it measured, one line."""
+    choices = ", ".join(f"{k} {v}" for k, v in sorted(p["choices"].items()))
+    verify = p.get("verify_cost") or []
+    return (
+        f"policy passes: {choices}; costs per target pass: draft step {p.get('draft_step_cost')}, "
+        f"catch-up {p.get('draft_catchup_cost')}/token, verify of {len(verify)} tokens "
+        f"{verify[-1] if verify else '-'}x"
+    )
 
 
 def format_stats(r: dict[str, Any]) -> str:

@@ -320,6 +320,8 @@ class OnnxEngine:
             drafter, reuse = None, False
         stop = TextStop(models.tokenizer, request.stop) if request.stop is not None else None
         out = self._decode(models, state, cache, prompt, drafter, settings, cancelled, stop)
+        if state.planned_drafter is not None:
+            state.planned_drafter.end()  # its length teaches the policy the usual completion length
 
         raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
         text = stop.text[: stop.cut] if stop is not None and stop.cut is not None else raw

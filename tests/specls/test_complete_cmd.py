@@ -87,6 +87,7 @@ def test_complete_json_end_to_end(code_file: Path) -> None:
     assert 0 < r["tokens"] <= 16
     assert r["target_passes"] <= r["tokens"] + 1
     assert "tokens/pass" in spec.stderr  # --stats summary
+    assert "policy passes:" in spec.stderr  # the drafting policy's choices (both drafters on)
     plain = specls("complete", str(code_file), *pos, "--json", "--no-speculation")
     assert plain.returncode == 0, plain.stderr
     p = json.loads(plain.stdout)

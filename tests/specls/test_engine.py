@@ -413,6 +413,7 @@ def test_the_drafting_policy_plans_both_drafters_and_learns_across_requests() ->
     assert sum(choices.values()) > 0  # every pass was planned. Not {}: the fixed hybrid rule
     assert set(choices) <= {"plain", "lookup", "model", "lookup+model"}
     assert models.policy.lookup.reached or models.policy.model.reached  # acceptance was learned
+    assert models.policy.length != 16.0  # and completion lengths, one document per request. Not the prior
     fixed = OnnxEngine(EngineSettings(drafting_policy=False), fake_models())
     fixed.complete(request(POINTS[0]))
     assert fixed.stats()["drafting_policy"] == fixed.models.policy.snapshot()
