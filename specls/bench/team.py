@@ -116,6 +116,8 @@ class LspClient:
                 msg = json.loads(await self.reader.readexactly(length))
                 if "id" in msg and "method" in msg:  # a server->client request: answer null
                     self._send({"jsonrpc": "2.0", "id": msg["id"], "result": None})
+                elif "method" in msg:
+                    self.on_notification(msg)
                 elif "id" in msg:
                     fut = self.pending.pop(msg["id"], None)
                     if fut is not None and not fut.done():
@@ -125,6 +127,9 @@ class LspClient:
                 if not fut.done():
                     fut.set_exception(ConnectionError(str(exc)))
             self.pending.clear()
+
+    def on_notification(self, msg: dict[str, Any]) -> None:
+        """A server notification ($/progress, window/logMessage...): ignored here."""
 
     async def close(self) -> None:
         self.task.cancel()

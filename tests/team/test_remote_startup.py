@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
-import re
 import signal
 import threading
 from pathlib import Path
@@ -107,33 +105,8 @@ class RecordingClient(LspClient):
         self.notes: list[dict[str, Any]] = []
         super().__init__(reader, writer)
 
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                length = None
-                while True:
-                    line = await self.reader.readline()
-                    if not line:
-                        raise ConnectionError("closed")
-                    if line in (b"\r\n", b"\n"):
-                        break
-                    m = re.match(rb"content-length:\s*(\d+)", line, re.IGNORECASE)
-                    length = int(m.group(1)) if m else length
-                if length is None:
-                    continue
-                msg = json.loads(await self.reader.readexactly(length))
-                if "method" in msg and "id" in msg:
-                    self._send({"jsonrpc": "2.0", "id": msg["id"], "result": None})
-                elif "method" in msg:
-                    self.notes.append(msg)
-                else:
-                    fut = self.pending.pop(msg.get("id"), None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-        except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
-            for fut in self.pending.values():
-                if not fut.done():
-                    fut.set_exception(ConnectionError(str(exc)))
+    def on_notification(self, msg: dict[str, Any]) -> None:
+        self.notes.append(msg)
 
 
 async def until(cond: Any, what: str) -> None:
