@@ -9,7 +9,6 @@ Usage: .venv/bin/python scripts/team_connection_cost.py [N]
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from specls.bench.team import LspClient, initialize, rss_mb
+from specls.bench.team import LspClient, initialize, rss_mb, wait_listening
 
 
 async def settle(pid: int) -> float:
@@ -48,14 +47,7 @@ async def measure(n: int) -> int:
             text=True,
         )  # fmt: skip
         try:
-            assert proc.stderr is not None
-            port = None
-            while port is None:
-                line = proc.stderr.readline()
-                if not line:
-                    raise SystemExit("server did not start")
-                m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-                port = int(m.group(1)) if m else None
+            port = wait_listening(proc, proc.args)[1]
             warm = [await LspClient.connect("127.0.0.1", port) for _ in range(8)]  # first-use allocations
             for c in warm:
                 await initialize(c, token)

@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import secrets
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from specls.bench.team import TypingSettings, heldout_files, rss_mb, run_clients, server_stats, wait_ready
+from specls.bench.team import (
+    TypingSettings,
+    heldout_files,
+    rss_mb,
+    run_clients,
+    server_stats,
+    wait_listening,
+    wait_ready,
+)
 
 
 def main() -> int:
@@ -51,15 +57,7 @@ def main() -> int:
             cmd += ["--engine", args.engine]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         try:
-            assert proc.stderr is not None
-            port = None
-            while port is None:
-                line = proc.stderr.readline()
-                if not line:
-                    raise SystemExit("server did not start")
-                m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-                port = int(m.group(1)) if m else None
-            threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
+            port = wait_listening(proc, proc.args)[1]
             asyncio.run(wait_ready("127.0.0.1", port, tokens[-1]))
             print(f"server RSS loaded: {rss_mb(proc.pid):.0f} MB", flush=True)
             files = heldout_files()

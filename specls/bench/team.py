@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -365,17 +366,25 @@ def _start_server(args: argparse.Namespace, token_file: Path) -> tuple[subproces
     cmd += args.server_arg or []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    host, port = wait_listening(proc, cmd)
+    return proc, host, port
+
+
+def wait_listening(
+    proc: subprocess.Popen[str], cmd: Sequence[str], timeout_s: float = 600
+) -> tuple[str, int]:
+    """The address a ``specls serve --tcp`` child logs on stderr once it listens; stderr is drained from
+    then on (so the server never blocks on a full pipe). Kills the child and raises if it never does."""
     assert proc.stderr is not None
-    end = time.monotonic() + 600
+    end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         line = proc.stderr.readline()
         if not line:
             break
         m = re.search(r"listening on ([\w.:\[\]]+):(\d+)", line)
         if m:
-            # keep draining stderr so the server never blocks on a full pipe
             threading.Thread(target=_drain, args=(proc,), daemon=True).start()
-            return proc, m.group(1), int(m.group(2))
+            return m.group(1), int(m.group(2))
     proc.kill()
     raise RuntimeError(f"server did not start: {' '.join(cmd)}")
 
