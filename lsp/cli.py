@@ -42,6 +42,7 @@ def make_engine(settings: ServerSettings) -> Engine:
         "draft": settings.draft or None,
         "draft_model": settings.draft_model,
         "speculation": settings.speculation,
+        "type_ahead": settings.type_ahead,
         "gamma": settings.gamma,
     }
     if settings.threads > 0:
@@ -60,6 +61,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         updates["draft_model"] = False
     if args.no_speculation:
         updates["speculation"] = False
+    if args.no_type_ahead:
+        updates["type_ahead"] = False
     if args.threads is not None:
         updates["threads"] = args.threads
     if args.max_tokens is not None:
@@ -253,6 +256,11 @@ def register(sub: Any) -> None:
     serve.add_argument("--no-draft", action="store_true", help="no draft model (prompt lookup drafts only)")
     serve.add_argument(
         "--no-speculation", action="store_true", help="plain greedy decoding on the target (reference path)"
+    )
+    serve.add_argument(
+        "--no-type-ahead",
+        action="store_true",
+        help="decode again on every keystroke typed into a suggestion (default: show the rest of it)",
     )
     serve.add_argument("--threads", type=int, metavar="N", help="onnxruntime intra-op threads")
     serve.add_argument("--max-tokens", type=int, metavar="N", help="tokens per completion (default 64)")

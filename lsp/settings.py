@@ -18,7 +18,7 @@ MULTILINE_MODES = ("auto", "always", "never")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 
 # Settings that only take effect when the engine is (re)built, i.e. before the model is loaded.
-ENGINE_FIELDS = frozenset({"model", "draft", "speculation", "draft_model", "gamma", "threads"})
+ENGINE_FIELDS = frozenset({"model", "draft", "speculation", "draft_model", "type_ahead", "gamma", "threads"})
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class ServerSettings:
     max_tokens: int = 64  # per completion
     speculation: bool = True  # speculative decoding on/off (off = plain greedy on the target)
     draft_model: bool = True  # use the draft model (off = prompt lookup drafts only)
+    # typing into a suggestion shows its rest at once (off: each keystroke is decoded again, exact for it)
+    type_ahead: bool = True
     gamma: int = 5  # initial draft length
     threads: int = 0  # onnxruntime intra-op threads; 0 = runtime default
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
@@ -106,7 +108,7 @@ def _convert(name: str, value: Any) -> Any:
         return _as_int(value, 0, 256)
     if name == "debounce_ms":
         return _as_int(value, 0, 5000)
-    if name in ("speculation", "draft_model"):
+    if name in ("speculation", "draft_model", "type_ahead"):
         return _as_bool(value)
     if name == "languages":
         return _as_languages(value)

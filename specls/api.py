@@ -46,6 +46,7 @@ class CompletionResult:
     prefix_reused_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
     completion_reuse: bool = False  # the previous completion was used as the draft
     cache_hit: bool = False  # answered from the finished-completion LRU, no model call
+    type_ahead: bool = False  # the rest of the last suggestion, which the user typed into: no model call
     provider: str = "cpu"
 
     @property
@@ -93,6 +94,7 @@ class CompletionResult:
             "prefix_reused_tokens": self.prefix_reused_tokens,
             "completion_reuse": self.completion_reuse,
             "cache_hit": self.cache_hit,
+            "type_ahead": self.type_ahead,
             "provider": self.provider,
         }
 
@@ -108,6 +110,7 @@ class ResultTotals:
     prefix_reused_tokens: int = 0  # prompt tokens whose KV came from the previous request
     completion_reuse_hits: int = 0
     cache_hits: int = 0
+    type_ahead_hits: int = 0
 
     def add(self, result: CompletionResult) -> None:
         self.engine_calls += 1
@@ -116,6 +119,7 @@ class ResultTotals:
         self.prefix_reused_tokens += result.prefix_reused_tokens
         self.completion_reuse_hits += int(result.completion_reuse)
         self.cache_hits += int(result.cache_hit)
+        self.type_ahead_hits += int(result.type_ahead)
 
     def snapshot(self) -> dict[str, object]:
         """The sums and the rates per call (prefix reuse: the share of prompt tokens reused)."""
@@ -127,6 +131,7 @@ class ResultTotals:
             "prefix_reuse_rate": round(self.prefix_reused_tokens / max(1, prompt), 4),
             "completion_reuse_rate": round(self.completion_reuse_hits / calls, 4),
             "cache_hit_rate": round(self.cache_hits / calls, 4),
+            "type_ahead_rate": round(self.type_ahead_hits / calls, 4),
         }
 
 

@@ -36,6 +36,7 @@ class _Totals:
     prefix_reuse_hits: int = 0
     completion_reuse_hits: int = 0
     cache_hits: int = 0
+    type_ahead_hits: int = 0
     draft_ms: float = 0.0
     per_drafter: dict[str, DrafterStats] = field(default_factory=dict)
 
@@ -73,6 +74,10 @@ class EngineCounters:
             self._t.cache_hits += 1
             self._t.prompt_tokens += prompt_tokens
 
+    def type_ahead(self) -> None:
+        with self._lock:
+            self._t.type_ahead_hits += 1
+
     def decoded(
         self, out: DecodeResult, prompt_tokens: int, reused: int, completion_reuse: bool, draft_ms: float
     ) -> None:
@@ -95,7 +100,7 @@ class EngineCounters:
         with self._lock:
             c = self._t
             lat = list(self._latency_ms)
-            computed = max(1, c.requests - c.cache_hits)
+            computed = max(1, c.requests - c.cache_hits - c.type_ahead_hits)
             return {
                 "requests": c.requests,
                 "cancelled": c.cancelled,
@@ -120,6 +125,8 @@ class EngineCounters:
                 "completion_reuse_hit_rate": c.completion_reuse_hits / computed,
                 "cache_hits": c.cache_hits,
                 "cache_hit_rate": c.cache_hits / c.requests if c.requests else 0.0,
+                "type_ahead_hits": c.type_ahead_hits,
+                "type_ahead_rate": c.type_ahead_hits / c.requests if c.requests else 0.0,
                 "latency_ms_p50": percentile(lat, 50),
                 "latency_ms_p95": percentile(lat, 95),
             }

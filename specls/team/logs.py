@@ -83,6 +83,7 @@ class RequestLog:
             "prefix_reused_tokens": result.prefix_reused_tokens,
             "completion_reuse": result.completion_reuse,
             "cache_hit": result.cache_hit,
+            "type_ahead": result.type_ahead,
             "gamma_cap": gamma_cap,
         }
         if self._settings.include_text:

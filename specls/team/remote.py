@@ -134,7 +134,7 @@ class RemoteEngine:
             "http_requests": 0,
             "errors": 0,
             "cache_hits": 0,
-            "typed_ahead_hits": 0,
+            "type_ahead_hits": 0,
             "aborted_streams": 0,
             "tokens": 0,
         }
@@ -313,14 +313,14 @@ class RemoteEngine:
         if not out:
             return None
         with self._lock:
-            self._stats["typed_ahead_hits" if reuse else "cache_hits"] += 1
+            self._stats["type_ahead_hits" if reuse else "cache_hits"] += 1
             self._stats["requests"] += 1
         return CompletionResult(
             text=out,
             tokens=0,
             stop_reason="stop" if keep is not None else "max_tokens",
-            cache_hit=True,
-            completion_reuse=reuse,
+            cache_hit=not reuse,
+            type_ahead=reuse,
             provider="remote",
         )
 

@@ -71,3 +71,21 @@ def test_star_means_every_language():
 def test_speculation_setting_and_its_former_name(key):
     s, problems = parse_settings({key: False})
     assert problems == [] and s.speculation is False  # Not an unknown setting: "drafting" was its name
+
+
+def test_type_ahead_setting_reaches_the_engine():
+    import argparse
+
+    from specls.lsp.cli import make_engine, register, settings_from_args
+
+    s, problems = parse_settings({"typeAhead": False})
+    assert problems == [] and s.type_ahead is False
+    assert ServerSettings().changed_engine_fields(s) == ["type_ahead"]
+    from specls.engine import OnnxEngine
+
+    engine = make_engine(s)
+    assert isinstance(engine, OnnxEngine) and engine.settings.type_ahead is False  # Not the default
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert settings_from_args(parser.parse_args(["serve", "--no-type-ahead"])).type_ahead is False
+    assert settings_from_args(parser.parse_args(["serve"])).type_ahead is True

@@ -4,7 +4,9 @@ prefix-KV reuse, completion reuse, the LRU, stops, cancellation, documents, bad 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 
 import pytest
 from specls.decoder.testing import FakeLM
@@ -336,6 +338,78 @@ def test_stats_shape() -> None:
     ):
         assert key in s
     assert s["requests"] == 2 and s["cache_hits"] == 1
+
+
+def stop_before(ch: str) -> Callable[[str], int | None]:
+    """A text stop like single-line mode's: keep what comes before the first ``ch``."""
+    return lambda text: text.index(ch) if ch in text else None
+
+
+def typed_through(first: str, n: int) -> tuple[str, str]:
+    """The document after typing the first ``n`` characters of a suggestion at POINTS[1], and a
+    character of it whose first occurrence lies at least 4 characters after them (a stop)."""
+    ch = next(c for i, c in enumerate(first) if i >= n + 4 and first.index(c) == i)
+    return SOURCE[: POINTS[1]] + first[:n] + SOURCE[POINTS[1] :], ch
+
+
+def test_type_ahead_shows_the_rest_of_the_suggestion_without_a_model_call() -> None:
+    models = fake_models(allow_eos=False)
+    engine = OnnxEngine(EngineSettings(), models)
+    first = engine.complete(request(POINTS[1], max_tokens=48))
+    text, ch = typed_through(first.text, 3)
+    target = models.target
+    assert isinstance(target, FakeLM)
+    calls = target.counter.calls
+    req = replace(request(POINTS[1] + 3, max_tokens=48, text=text), stop=stop_before(ch))
+    ahead = engine.complete(req)
+    assert ahead.type_ahead and ahead.decode is None and not ahead.cache_hit
+    assert target.counter.calls == calls  # Not a prefill + verify pass
+    assert ahead.text == first.text[3 : first.text.index(ch)]  # the sent prompt's greedy answer, cut
+    assert ahead.tokens == len(ahead.text)  # one character per token in the fake tokenizer
+    more = replace(req, prefix=req.prefix + ahead.text[:2])  # typing on through it
+    assert engine.complete(more).text == ahead.text[2:]
+    assert engine.stats()["type_ahead_hits"] == 2 and engine.stats()["requests"] == 3
+
+
+def late(checks: Iterator[int], k: int) -> bool:
+    """A cancel check that says yes from its k-th call on."""
+    return next(checks) >= k
+
+
+def test_type_ahead_only_when_the_rest_is_the_whole_answer() -> None:
+    """The model runs (exact for the new prompt) whenever the old suggestion's rest might not be what
+    it was shown as: another text typed, no stop cutting a budget-cut completion, a smaller budget,
+    type_ahead off, or a completion that was cancelled rather than answered."""
+    models = fake_models(allow_eos=False)
+    engine = OnnxEngine(EngineSettings(), models)
+    first = engine.complete(request(POINTS[1], max_tokens=48))
+    text, ch = typed_through(first.text, 3)
+    req = replace(request(POINTS[1] + 3, max_tokens=48, text=text), stop=stop_before(ch))
+    other = "zz" if not first.text.startswith("zz") else "qq"
+    cases = {
+        "typed other text": replace(req, prefix=SOURCE[: POINTS[1]] + other, suffix=SOURCE[POINTS[1] :]),
+        "budget-cut, no stop": replace(req, stop=None),  # Not the 45 characters left of 48
+        "smaller budget": replace(req, max_tokens=2),
+    }
+    for name, case in cases.items():
+        e = OnnxEngine(EngineSettings(), models)
+        e.complete(request(POINTS[1], max_tokens=48))
+        r = e.complete(case)
+        assert not r.type_ahead and r.decode is not None, name
+        assert e.last_tokens == reference(models, e, case.max_tokens)[: len(e.last_tokens)], name
+    off = OnnxEngine(EngineSettings(type_ahead=False), models)
+    off.complete(request(POINTS[1], max_tokens=48))
+    r = off.complete(req)
+    assert not r.type_ahead and r.completion_reuse  # verified instead, in about one pass
+    assert r.text == first.text[3 : first.text.index(ch)]
+    for k in range(3, 48):  # cancel after k checks, late enough that the stop lies in what it made
+        checks = iter(range(1000))
+        cut = OnnxEngine(EngineSettings(), models)
+        r = cut.complete(request(POINTS[1], max_tokens=48), cancelled=partial(late, checks, k))
+        if r.cancelled and ch in r.text[4:]:
+            break
+    assert r.cancelled and first.text.startswith(r.text)
+    assert not cut.complete(req).type_ahead  # the cancelled completion was never shown
 
 
 def test_completion_reuse_then_regular_drafting_is_exact() -> None:

@@ -78,7 +78,7 @@ def test_server_side_stop_strings(served: tuple[EngineHTTPServer, FakeEngine]) -
     assert res.text == full[: full.index(third)]
 
 
-def test_cache_and_typed_ahead_reuse(served: tuple[EngineHTTPServer, FakeEngine]) -> None:
+def test_cache_and_type_ahead(served: tuple[EngineHTTPServer, FakeEngine]) -> None:
     server, engine = served
     r = remote(server)
     first = r.complete(CompletionRequest("d", "x = ", "", max_tokens=6))
@@ -86,11 +86,11 @@ def test_cache_and_typed_ahead_reuse(served: tuple[EngineHTTPServer, FakeEngine]
     assert again.text == first.text and again.cache_hit
     typed = first.text[:3]
     ahead = r.complete(CompletionRequest("d", "x = " + typed, "", max_tokens=6))
-    assert ahead.completion_reuse and ahead.text == first.text[3:]
+    assert ahead.type_ahead and not ahead.cache_hit and ahead.text == first.text[3:]
     assert r.stats()["http_requests"] == 1 and len(engine.calls) == 1
     r.close_document("d")
     other = r.complete(CompletionRequest("d", "x = " + first.text[:4], "", max_tokens=6))
-    assert not other.completion_reuse and r.stats()["http_requests"] == 2
+    assert not other.type_ahead and r.stats()["http_requests"] == 2
 
 
 def test_cancel_aborts_the_stream_and_stops_the_server(
