@@ -58,6 +58,10 @@ class Tally:
     errors: list[str] = field(default_factory=list)
     latency_ms: list[float] = field(default_factory=list)  # keystroke -> answer (answered ones)
     served_latency_ms: list[float] = field(default_factory=list)
+    # keystroke -> answer, split by the keystroke: one that typed the next character of the suggestion
+    # on screen ("through") or any other
+    through_latency_ms: list[float] = field(default_factory=list)
+    other_latency_ms: list[float] = field(default_factory=list)
     request_ms: list[float] = field(default_factory=list)  # request sent -> answer
 
 
@@ -114,12 +118,17 @@ async def _type_file(
     col = _utf16_len(before.rsplit("\n", 1)[-1])
     version = 1
     inflight: dict[str, tuple[asyncio.Future[Any], float, float]] = {}  # id -> (future, key time, sent)
+    shown: tuple[int, int, str] | None = None  # the suggestion on screen: line, character, its text
+    latest = ""  # the id of the request of the last keystroke
     pending_timer: asyncio.TimerHandle | None = None
     seq = 0
     loop = asyncio.get_running_loop()
     done: list[asyncio.Future[None]] = []
 
-    async def finish(msg_id: str, fut: asyncio.Future[Any], key_t: float, sent_t: float) -> None:
+    async def finish(
+        msg_id: str, fut: asyncio.Future[Any], key_t: float, sent_t: float, at: tuple[int, int, bool]
+    ) -> None:
+        nonlocal shown
         try:
             result = await asyncio.wait_for(fut, s.timeout_s)
         except JsonRpcException as exc:
@@ -137,15 +146,20 @@ async def _type_file(
         tally.answered += 1
         tally.latency_ms.append((now - key_t) * 1000)
         tally.request_ms.append((now - sent_t) * 1000)
+        (tally.through_latency_ms if at[2] else tally.other_latency_ms).append((now - key_t) * 1000)
         items = [] if result is None else list(getattr(result, "items", result) or [])
         if items:
             tally.served += 1
             tally.served_latency_ms.append((now - key_t) * 1000)
+            text = items[0].insert_text
+            if msg_id == latest and isinstance(text, str) and text:
+                shown = (at[0], at[1], text)
 
-    def ask(key_t: float, ln: int, ch: int) -> None:
-        nonlocal seq
+    def ask(key_t: float, ln: int, ch: int, through: bool) -> None:
+        nonlocal seq, latest
         seq += 1
         msg_id = f"b{seq}"
+        latest = msg_id
         params = types.InlineCompletionParams(
             text_document=types.TextDocumentIdentifier(uri=uri),
             position=types.Position(line=ln, character=ch),
@@ -157,7 +171,7 @@ async def _type_file(
         sent = time.perf_counter()
         inflight[msg_id] = (fut, key_t, sent)
         tally.requests += 1
-        done.append(asyncio.ensure_future(finish(msg_id, fut, key_t, sent)))
+        done.append(asyncio.ensure_future(finish(msg_id, fut, key_t, sent, (ln, ch, through))))
 
     for ch in region:
         # a new keystroke: the editor cancels what is in flight and restarts its debounce
@@ -167,6 +181,8 @@ async def _type_file(
             client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
             tally.cancel_sent += 1
         version += 1
+        through = shown is not None and shown[:2] == (line, col) and ch != "\n" and shown[2].startswith(ch)
+        latest = ""  # an answer to an older keystroke no longer puts a suggestion on screen
         pos = types.Position(line=line, character=col)
         client.text_document_did_change(
             types.DidChangeTextDocumentParams(
@@ -182,7 +198,9 @@ async def _type_file(
             line, col = line + 1, 0
         else:
             col += _utf16_len(ch)
-        pending_timer = loop.call_later(s.debounce_ms / 1000, ask, key_t, line, col)
+        rest = shown[2][len(ch) :] if shown is not None and through else ""
+        shown = (line, col, rest) if rest else None  # the editor keeps the rest of it on screen
+        pending_timer = loop.call_later(s.debounce_ms / 1000, ask, key_t, line, col, through)
         gap = rng.uniform(s.min_key_ms, s.max_key_ms) + (s.line_pause_ms if ch == "\n" else 0.0)
         await asyncio.sleep(gap / 1000)
     await asyncio.sleep(s.debounce_ms / 1000 + 0.01)
@@ -295,6 +313,8 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
             "p95": round(percentile(tally.served_latency_ms, 95, NAN), 1),
             "n": len(tally.served_latency_ms),
         },
+        "through_keystroke_to_result_ms": _percentiles(tally.through_latency_ms),
+        "other_keystroke_to_result_ms": _percentiles(tally.other_latency_ms),
         "request_to_result_ms": {
             "p50": round(percentile(tally.request_ms, 50, NAN), 1),
             "p95": round(percentile(tally.request_ms, 95, NAN), 1),
@@ -308,6 +328,7 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
                 "prefix_reuse_rate",
                 "completion_reuse_rate",
                 "cache_hit_rate",
+                "type_ahead_rate",
                 "tokens_generated",
                 "tokens_wasted",
                 "cancelled",
@@ -319,6 +340,10 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
         },
         "engine": server_stats.get("engine", {}),
     }
+
+
+def _percentiles(ms: list[float]) -> dict[str, float | int]:
+    return {"p50": round(percentile(ms, 50, NAN), 1), "p95": round(percentile(ms, 95, NAN), 1), "n": len(ms)}
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -333,12 +358,15 @@ def _print(report: dict[str, Any]) -> None:
     )
     print(f"keystroke->result  p50 {k['p50']:.1f} ms  p95 {k['p95']:.1f} ms  (n={k['n']}, includes debounce)")
     print(f"keystroke->suggestion  p50 {sv['p50']:.1f} ms  p95 {sv['p95']:.1f} ms  (n={sv['n']})")
+    for kind, what in (("through", "typed the suggestion's next character"), ("other", "any other")):
+        t = report[f"{kind}_keystroke_to_result_ms"]
+        print(f"  {kind} keystrokes ({what}): p50 {t['p50']:.1f} ms  p95 {t['p95']:.1f} ms  (n={t['n']})")
     r = report["request_to_result_ms"]
     print(f"request->result  p50 {r['p50']:.1f} ms  p95 {r['p95']:.1f} ms")
     print(
         f"server: engine calls {srv['engine_calls']}  prefill tokens/call {srv['prefill_tokens_per_call']}  "
         f"prefix reuse {srv['prefix_reuse_rate']:.1%}  completion reuse {srv['completion_reuse_rate']:.1%}  "
-        f"cache hits {srv['cache_hit_rate']:.1%}"
+        f"cache hits {srv['cache_hit_rate']:.1%}  type-ahead {float(srv.get('type_ahead_rate') or 0):.1%}"
     )
     print(
         f"server: tokens generated {srv['tokens_generated']}  wasted by cancellation {srv['tokens_wasted']}  "
@@ -362,6 +390,8 @@ def _run(args: argparse.Namespace) -> int:
         server.append("--no-draft")
     if args.no_speculation:
         server.append("--no-speculation")
+    if args.no_type_ahead:
+        server.append("--no-type-ahead")
     settings = LspBenchSettings(
         files=args.files,
         chars=args.chars,
@@ -396,5 +426,6 @@ def register(kinds: Any) -> None:
     p.add_argument("--draft", metavar="DIR")
     p.add_argument("--no-draft", action="store_true")
     p.add_argument("--no-speculation", action="store_true")
+    p.add_argument("--no-type-ahead", action="store_true", help="the server decodes every keystroke again")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.set_defaults(func=_run)

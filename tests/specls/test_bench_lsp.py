@@ -1,0 +1,21 @@
+"""`specls bench lsp` on the bundled model: a real `specls serve` subprocess typed into; the report's
+counts must add up (timing-dependent numbers are not asserted)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from specls.bench.lsp import LspBenchSettings, run_bench
+
+
+def test_report_adds_up() -> None:
+    s = LspBenchSettings(files=1, chars=60, min_key_ms=5.0, max_key_ms=30.0, line_pause_ms=100.0)
+    report = asyncio.run(run_bench(s))
+    assert report["error_count"] == 0, report["errors"]
+    assert 0 < report["requests"] <= report["keystrokes"]  # a keystroke inside the debounce asks nothing
+    assert report["answered"] + report["cancelled"] == report["requests"]  # each request came back once
+    through = report["through_keystroke_to_result_ms"]["n"]
+    other = report["other_keystroke_to_result_ms"]["n"]
+    assert through + other == report["answered"] == report["keystroke_to_result_ms"]["n"]
+    assert report["server"]["engine_calls"] >= report["answered"] - 1
+    assert 0.0 <= report["server"]["type_ahead_rate"] <= 1.0
