@@ -144,6 +144,11 @@ class DecodeSettings:
     # bundled pair it cost ~20% of the tokens per pass (2.2 vs 2.8) for no wall-clock gain.
     draft_cost_ratio: float | None = None
     min_speedup: float = 0.0
+    # The prompt is prefilled in runs of at most this many tokens, ``cancelled`` checked between them:
+    # a keystroke's tail (tens of tokens) stays one run, while a cold ~800-token prompt (~10-20 s on
+    # a CPU at 1.5B) stops within one run of a cancel and keeps the runs done, which the next
+    # keystroke's prompt shares. 0 = one run.
+    prefill_chunk: int = 128
 
 
 @dataclass

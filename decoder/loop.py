@@ -95,7 +95,8 @@ def generate(
 
     Stops: an eos id (not included in tokens), max_new_tokens (never exceeded), ``stop(tokens)`` True
     (tokens so far included), the decode-phase deadline, ``cancelled()`` (checked before every target
-    pass; returns the tokens so far). ``prefill_tokens`` counts the prompt tokens computed by this call
+    pass and between prefill runs of ``settings.prefill_chunk`` tokens; returns the tokens so far, the
+    cache holding the prompt positions computed). ``prefill_tokens`` counts the prompt tokens computed by this call
     (the last one is fed with the first decode pass).
     """
     prompt = [int(t) for t in prompt]
@@ -113,12 +114,21 @@ def generate(
         return result
 
     # Prefill: the cache must hold prompt[:-1]; the last prompt token is fed with the first pass.
+    # In runs of prefill_chunk tokens; a cancel between runs keeps the runs done in the cache.
     t0 = clock()
     if target.length == len(prompt):
         target.truncate(len(prompt) - 1)
-    result.prefill_tokens = len(prompt) - target.length
-    if target.length < len(prompt) - 1:
-        target.append(prompt[target.length : -1])  # prompt positions' logits: not needed
+    held = target.length
+    chunk = settings.prefill_chunk if settings.prefill_chunk > 0 else len(prompt)
+    while target.length < len(prompt) - 1:
+        if target.length > held and cancelled():
+            result.prefill_tokens = target.length - held
+            result.prefill_ms = (clock() - t0) * 1e3
+            result.stop_reason = "cancelled"
+            return result
+        end = min(len(prompt) - 1, target.length + chunk)
+        target.append(prompt[target.length : end])  # prompt positions' logits: not needed
+    result.prefill_tokens = len(prompt) - held
     result.prefill_ms = (clock() - t0) * 1e3
 
     sampling = settings.temperature > 0.0

@@ -322,6 +322,7 @@ class OnnxEngine:
                 return self._replay(models, state, request, len(prompt.tokens), hit)
 
         cache = self._prefix_cache(models, state, prompt.tokens)
+        kept = cache.length  # prompt tokens whose KV is reused
         drafter, reuse = self._drafter(models, state, request, prompt)
         settings = self._decode_settings(max_new, reuse, request.speculation_cap)
         if settings.gamma_max <= 0:
@@ -341,7 +342,7 @@ class OnnxEngine:
         if key is not None:
             self.completions.store(key, out.tokens, out.stop_reason)
         ran = out.prefill_tokens > 0 or out.target_passes > 0
-        reused = len(prompt.tokens) - out.prefill_tokens if ran else 0
+        reused = min(kept, len(prompt.tokens) - 1) if ran else 0
         draft_ms = drafter.ms if isinstance(drafter, TimedDrafter) else 0.0
         self._counters.decoded(out, len(prompt.tokens), reused, reuse, draft_ms)
         return CompletionResult(

@@ -415,3 +415,29 @@ def test_greedy_verify_passes_ask_for_ids_only() -> None:
     assert out.tokens == REF
     assert len(cache.greedy) == out.target_passes and max(cache.greedy) == K + 1  # verify passes
     assert cache.forwards == 1  # the prefill (append) only. Not one logits pass per step
+
+
+LONG = PROMPT * 5  # 35 tokens: 34 to prefill
+
+
+@pytest.mark.parametrize(("chunk", "runs"), [(0, [34]), (128, [34]), (8, [8, 8, 8, 8, 2]), (34, [34])])
+def test_prefill_runs_of_prefill_chunk_tokens(chunk: int, runs: list[int]) -> None:
+    cache = AppendingCache(TARGET)
+    out = generate(cache, LONG, None, DecodeSettings(max_new_tokens=6, prefill_chunk=chunk), frozenset())
+    assert out.tokens == TARGET.greedy(LONG, 6)
+    assert cache.appended == runs  # Not [34] for chunk 8: a cancel could not land inside it
+    assert out.prefill_tokens == len(LONG)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_cancel_between_prefill_runs_keeps_the_runs_done(k: int) -> None:
+    cache = AppendingCache(TARGET)
+    settings = DecodeSettings(max_new_tokens=6, prefill_chunk=8)
+    # cancelled() is asked once at the start and then before every run after the first
+    out = generate(cache, LONG, None, settings, frozenset(), cancelled=lambda: len(cache.appended) >= k)
+    assert out.stop_reason == "cancelled" and out.tokens == [] and out.target_passes == 0
+    assert cache.appended == [8] * k  # Not a whole prefill: it stopped at the next run boundary
+    assert out.prefill_tokens == 8 * k and cache.tokens == LONG[: 8 * k]
+    again = generate(cache, LONG, None, settings, frozenset())  # the next request goes on from there
+    assert again.tokens == TARGET.greedy(LONG, 6)
+    assert again.prefill_tokens == len(LONG) - 8 * k
