@@ -36,6 +36,12 @@ class PolicyState:
     # Priors: lookup matches that long are usually right at first and fade; a same-family draft model
     # agrees with its target on about 6 tokens in 10. Four requests' worth of passes outweigh them.
     lookup: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.7, 0.6, 0.5)))
+    # Lookup right after a lookup proposal of the same request was accepted whole: the completion is
+    # copying text that the buffers hold, so the next match is far more often right than a first one
+    # (one table for both under-proposed while copying and over-proposed on chance matches).
+    lookup_hot: AcceptanceByPosition = field(
+        default_factory=lambda: AcceptanceByPosition(prior=(0.9, 0.85, 0.8))
+    )
     model: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.6,)))
     length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
     choices: Counter[str] = field(default_factory=Counter)  # passes by plan: plain/lookup/model/lookup+model
@@ -50,6 +56,7 @@ class PolicyState:
             return {
                 "choices": dict(self.choices),
                 "lookup_accept": [round(x, 3) for x in self.lookup.rates(4)],
+                "lookup_accept_after_hit": [round(x, 3) for x in self.lookup_hot.rates(4)],
                 "model_accept": [round(x, 3) for x in self.model.rates(4)],
                 "mean_length": round(self.length, 1),
                 "verify_cost": [round(x, 3) for x in self.costs.verify],
@@ -79,12 +86,14 @@ class PlannedDrafter(Drafter):
         self._generated = 0
         self._sources: list[str] = []
         self._q: np.ndarray | None = None
+        self._hot = False  # this request's last lookup proposal was accepted whole
 
     def begin(self, settings: DecodeSettings) -> None:
         self.end()  # the previous request of this drafter, if it was not ended
         self._max_new = settings.max_new_tokens
         self._start = None
         self._generated = 0
+        self._hot = False
         if self.model is not None:  # lookup keeps no per-request state
             self.model.begin(settings)
 
@@ -113,7 +122,7 @@ class PlannedDrafter(Drafter):
         with self.state.lock:
             plan = plan_pass(
                 offered,
-                self.state.lookup.rates(k),
+                self._lookup_table().rates(k),
                 self.state.model.rates(k) if self.model is not None else None,
                 self.state.costs,
                 g_max=k,
@@ -138,11 +147,16 @@ class PlannedDrafter(Drafter):
         n_model = len(self._sources) - n_lookup
         with self.state.lock:
             if n_lookup:
-                self.state.lookup.observe(n_lookup, min(n_accepted, n_lookup))
+                self._lookup_table().observe(n_lookup, min(n_accepted, n_lookup))
             if n_model and n_accepted >= n_lookup:  # the model's tokens were reached
                 self.state.model.observe(n_model, n_accepted - n_lookup)
+        if n_lookup:
+            self._hot = n_accepted >= n_lookup
         if self.model is not None and n_model:
             self.model.observe(max(0, n_accepted - n_lookup))
+
+    def _lookup_table(self) -> AcceptanceByPosition:
+        return self.state.lookup_hot if self._hot else self.state.lookup
 
     def proposal_probs(self) -> np.ndarray | None:
         return self._q

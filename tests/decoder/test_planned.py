@@ -124,3 +124,45 @@ def test_calibrate_recovers_the_cost_model() -> None:
     assert costs.catchup == pytest.approx((0.03 + 0.016) / 16 / one)  # a 16-token feed
     alone = calibrate(target, None, lambda: clock[0], prefix=8)
     assert alone.step == 0.0 and len(alone.verify) == 9
+
+
+def _copying(costs: PassCosts, **state: object) -> tuple[PlannedDrafter, PolicyState]:
+    """Lookup only, over a buffer that holds the prompt's end and then the answer (a copy)."""
+    index = NgramIndex()
+    index.update("copy.py", [*PROMPT[-3:], *TARGET.greedy(PROMPT, 12)])
+    st = PolicyState(costs=costs, **state)  # type: ignore[arg-type]
+    return PlannedDrafter(PromptLookupDrafter(index), None, st), st
+
+
+def test_lookup_after_a_whole_accepted_proposal_is_learned_apart() -> None:
+    """Copying: a lookup proposal accepted whole makes the next one use (and teach) the "after a hit"
+    table; a rejected lookup token sends the request back to the first-match table."""
+    drafter, state = _copying(CHEAP)
+    ref = TARGET.greedy(PROMPT, 12)
+    drafter.begin(SETTINGS)
+    first = drafter.propose(PROMPT, 4)
+    assert first and first == ref[: len(first)]  # the buffer holds the answer: lookup proposes it
+    drafter.observe(len(first))  # accepted whole
+    assert sum(state.lookup.reached) == len(first) and not state.lookup_hot.reached
+    context = [*PROMPT, *ref[: len(first) + 1]]
+    second = drafter.propose(context, 4)
+    assert second
+    drafter.observe(0)  # its first token rejected
+    assert state.lookup_hot.reached[0] == 1 and state.lookup_hot.accepted[0] == 0  # Not the cold table
+    assert sum(state.lookup.reached) == len(first)
+    drafter.propose(context, 4)
+    drafter.observe(0)
+    assert state.lookup_hot.reached[0] == 1  # after the miss: the first-match table again
+
+
+def test_a_hot_copy_proposes_longer_than_a_cold_match() -> None:
+    cold = AcceptanceByPosition(prior=(0.5, 0.1), prior_weight=100.0)  # worth 1 token, not 2
+    hot = AcceptanceByPosition(prior=(0.95,), prior_weight=100.0)
+    costs = PassCosts(verify=(1.0, 1.3, 1.6, 1.9, 2.2), step=0.3, catchup=0.01)  # a CPU's steep verify
+    drafter, _ = _copying(costs, lookup=cold, lookup_hot=hot)
+    drafter.begin(SETTINGS)
+    ref = TARGET.greedy(PROMPT, 12)
+    n_cold = len(drafter.propose(PROMPT, 4))
+    drafter.observe(n_cold)
+    n_hot = len(drafter.propose([*PROMPT, *ref[: n_cold + 1]], 4))
+    assert n_cold == 1 < n_hot  # Not the same length: the copy is trusted once it has been right
