@@ -149,6 +149,11 @@ class DecodeSettings:
     # a CPU at 1.5B) stops within one run of a cancel and keeps the runs done, which the next
     # keystroke's prompt shares. 0 = one run.
     prefill_chunk: int = 128
+    # An uncached prompt part this short (a keystroke's typed tokens plus a PSM suffix window) is fed
+    # with the first pass instead of a run of its own: on a CPU a pass over a few more tokens costs far
+    # less than another pass (weights are read once per run). A cold prompt keeps its own prefill (and
+    # its prefill_ms). 0 = never.
+    fold_prefill: int = 64
 
 
 @dataclass

@@ -92,14 +92,17 @@ class GammaController:
         e = self._policy.ema
         self._plain_s = target_s if self._plain_s is None else e * self._plain_s + (1 - e) * target_s
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float | None) -> None:
         """One speculative pass: ``drafted`` proposed, ``accepted`` of them accepted; ``draft_s`` time
-        spent drafting, ``target_s`` time of the target pass (for the measured cost ratio)."""
+        spent drafting, ``target_s`` time of the target pass (for the measured cost ratio; None: the
+        pass did other work too, a prompt tail, so its time says nothing about drafting's cost)."""
         if drafted <= 0:
             return
         s, p = self._settings, self._policy
         if s.adaptive_gamma:
             self._gamma = adapt_gamma(self._gamma, drafted, accepted, self._lo, self._hi)
+        if target_s is None:
+            return
         if s.draft_cost_ratio is not None:
             cost = s.draft_cost_ratio * drafted
         else:

@@ -2,7 +2,8 @@
 
 Invariant between passes: the target cache holds every committed token except the last one
 (``target.length == len(seq) - 1``); each pass feeds [last committed] + draft, so the prompt's last
-token rides along with the first pass instead of costing a separate prefill step.
+token rides along with the first pass instead of costing a separate prefill step (as does a short
+uncached prompt tail, ``DecodeSettings.fold_prefill``: that first pass feeds [tail, last] + draft).
 
 On return the target cache holds exactly the first ``target.length`` tokens of ``prompt + tokens``
 (never a rejected draft token), so the caller can reuse it as a prefix for the next request.
@@ -120,7 +121,8 @@ def generate(
         target.truncate(len(prompt) - 1)
     held = target.length
     chunk = settings.prefill_chunk if settings.prefill_chunk > 0 else len(prompt)
-    while target.length < len(prompt) - 1:
+    fold = len(prompt) - 1 - held <= settings.fold_prefill  # the tail rides with the first pass
+    while not fold and target.length < len(prompt) - 1:
         if target.length > held and cancelled():
             result.prefill_tokens = target.length - held
             result.prefill_ms = (clock() - t0) * 1e3
@@ -140,7 +142,7 @@ def generate(
             log.warning("drafter %s failed to start; decoding without it", drafter.name, exc_info=True)
             drafter = None
     control = GammaController(settings, policy)
-    seq = prompt  # committed tokens; target.length == len(seq) - 1 between passes
+    seq = prompt  # committed tokens; target.length == len(seq) - 1 between passes (after the first)
     out = result.tokens
     t_decode = clock()
     reason = ""
@@ -159,16 +161,18 @@ def generate(
                 log.warning("drafter %s failed; decoding without it", drafter.name, exc_info=True)
                 drafter, draft, q = None, [], None
         t_target = clock()
-        base = target.length  # == len(seq) - 1
+        base = len(seq) - 1  # the last committed token's position (== target.length but for a tail)
+        feed = [*seq[target.length :], *draft]  # [tail..., last committed, *draft]
+        tail = len(feed) - len(draft) - 1
         if sampling:
-            logits = target.forward([seq[-1], *draft])  # logits: [n+1, vocab]
+            logits = target.forward(feed)[tail:]  # logits: [n+1, vocab]
             t_done = clock()
             p = process_logits(logits, settings.temperature, settings.top_k, settings.top_p)  # [n+1, vocab]
             if q is not None and q.shape[-1] != p.shape[-1]:
                 q = _fit_vocab(q, p.shape[-1])
             n_acc, nxt = rejection_accept(np.asarray(draft, dtype=np.int64), q, p, rng)
         else:  # only the argmax ids come back (on a device cache they are taken there)
-            best = target.forward_greedy([seq[-1], *draft])  # best: [n+1]
+            best = target.forward_greedy(feed)[tail:]  # best: [n+1]
             t_done = clock()
             n_acc, nxt = greedy_accept_ids(np.asarray(draft, dtype=np.int64), best)
         result.target_passes += 1
@@ -176,8 +180,8 @@ def generate(
             assert drafter is not None
             drafter.observe(n_acc)
             _record(result, _sources(drafter, len(draft)), n_acc)
-            control.observe(len(draft), n_acc, t_target - t_draft, t_done - t_target)
-        else:
+            control.observe(len(draft), n_acc, t_target - t_draft, None if tail else t_done - t_target)
+        elif not tail:
             control.observe_plain(t_done - t_target)
         for tok in [*draft[:n_acc], nxt]:  # commit token by token so every stop lands exactly
             if tok in eos_ids:

@@ -108,7 +108,7 @@ def test_lone_pass_uses_the_cache_itself() -> None:
         )
     assert out.tokens == TARGET.greedy(prompt, 8)
     assert run.sizes == []  # a single participant never waits and never batches
-    assert batcher.snapshot()["passes"] == out.target_passes + 1  # + the prefill of prompt[:-1]
+    assert batcher.snapshot()["passes"] == out.target_passes  # Not + 1: prompt[:-1] rode with the first pass
 
 
 def test_prefill_over_max_tokens_runs_alone() -> None:

@@ -77,7 +77,14 @@ GAMMAS = {
     "pays_check": DecodeSettings(
         max_new_tokens=N, gamma=3, gamma_max=8, draft_cost_ratio=0.3, min_speedup=1.0
     ),
+    # the prompt prefilled by a run of its own instead of riding with the first pass
+    "own_prefill": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8, fold_prefill=0),
 }
+
+
+def prefill_runs(prompt: Sequence[int], settings: DecodeSettings, cached: int = 0) -> int:
+    """Forwards before the first pass: none when the uncached prompt[:-1] rides with it."""
+    return 0 if len(prompt) - 1 - cached <= settings.fold_prefill else 1
 
 
 @pytest.mark.parametrize("gamma", list(GAMMAS))
@@ -90,7 +97,8 @@ def test_speculative_equals_plain_greedy(which: str, gamma: str) -> None:
     assert result.stop_reason == "max_tokens"
     assert cache.inner.tokens == FULL[: cache.length]  # on return: a prefix of prompt + tokens
     assert cache.length >= len(FULL) - 1
-    assert result.target_passes == cache.forwards - 1  # one prefill forward, then one per pass
+    # one forward per pass, after the prefill's (Not the same count when the prompt rode along)
+    assert result.target_passes == cache.forwards - prefill_runs(PROMPT, GAMMAS[gamma])
     assert sum(s.drafted for s in result.per_drafter.values()) == result.drafted
     assert sum(s.accepted for s in result.per_drafter.values()) == result.accepted
     assert result.accepted + result.target_passes == len(REF)  # each pass: accepted + one token
@@ -191,21 +199,22 @@ def test_stop_callback_cuts_inside_an_accepted_draft() -> None:
     assert cache.inner.tokens == FULL[: cache.length]
 
 
+@pytest.mark.parametrize("gamma", ["fixedK", "own_prefill"])
 @pytest.mark.parametrize("m", [0, 1, 3])
-def test_cancel_returns_after_exactly_that_pass(m: int) -> None:
+def test_cancel_returns_after_exactly_that_pass(m: int, gamma: str) -> None:
     cache = TARGET.new_cache()
-    # the first forward is the prefill; decode passes = forwards - 1
+    runs = prefill_runs(PROMPT, GAMMAS[gamma])  # decode passes = forwards - the prefill's
     result = generate(
         cache,
         PROMPT,
         ScriptedDrafter(PROMPT, REF, 64, "wrong_at", 2),
-        GAMMAS["fixedK"],
+        GAMMAS[gamma],
         frozenset(),
-        cancelled=lambda: cache.counter.calls - 1 >= m,
+        cancelled=lambda: cache.counter.calls - runs >= m,
     )
     assert result.stop_reason == "cancelled"
     assert result.target_passes == m  # Not m + 1
-    assert cache.counter.calls == m + 1
+    assert cache.counter.calls == m + runs
     assert result.tokens == REF[: len(result.tokens)]
     assert len(result.tokens) >= m
 
@@ -386,10 +395,26 @@ class AppendingCache(FakeCache):
 
 def test_prefill_goes_through_append_when_the_cache_has_it() -> None:
     cache = AppendingCache(TARGET)
-    out = generate(cache, PROMPT, None, DecodeSettings(max_new_tokens=8), frozenset())
+    out = generate(cache, PROMPT, None, DecodeSettings(max_new_tokens=8, fold_prefill=0), frozenset())
     assert out.tokens == REF[:8]
     assert cache.appended == [len(PROMPT) - 1]  # the prompt but its last token, logits never read
     assert cache.forwarded == [1] * 8  # Not [len(PROMPT) - 1, 1, ...]: decode passes only
+
+
+@pytest.mark.parametrize("cached", [0, 3, len(PROMPT) - 1])
+def test_a_short_prompt_tail_rides_with_the_first_pass(cached: int) -> None:
+    cache = AppendingCache(TARGET)
+    if cached:
+        FakeCache.forward(cache, PROMPT[:cached])
+    drafter = ScriptedDrafter(PROMPT, REF, 64, "wrong_at", 2)
+    settings = DecodeSettings(max_new_tokens=12, gamma=4, gamma_max=4, adaptive_gamma=False)
+    out = generate(cache, PROMPT, drafter, settings, frozenset())
+    assert out.tokens == REF[:12]
+    assert cache.appended == []  # Not a prefill run of its own
+    assert cache.forwarded[0] == len(PROMPT) - cached + 4  # tail + last prompt token + 4 drafted
+    assert out.prefill_tokens == len(PROMPT) - cached
+    # 2 accepted + the target's token a pass: 4 passes, 4 forwards (Not 5: no prefill forward)
+    assert out.target_passes == len(cache.forwarded) == 4 and out.accepted == 8
 
 
 class GreedyIdsCache(FakeCache):
@@ -413,8 +438,9 @@ def test_greedy_verify_passes_ask_for_ids_only() -> None:
     cache = GreedyIdsCache(TARGET)
     out = generate(cache, PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), GAMMAS["fixedK"], frozenset())
     assert out.tokens == REF
-    assert len(cache.greedy) == out.target_passes and max(cache.greedy) == K + 1  # verify passes
-    assert cache.forwards == 1  # the prefill (append) only. Not one logits pass per step
+    assert len(cache.greedy) == out.target_passes  # verify passes, the first with the prompt riding
+    assert cache.greedy[0] == len(PROMPT) + K and max(cache.greedy[1:]) == K + 1
+    assert cache.forwards == 0  # Not one logits pass per step (the prompt rode with the first pass)
 
 
 LONG = PROMPT * 5  # 35 tokens: 34 to prefill
@@ -423,7 +449,8 @@ LONG = PROMPT * 5  # 35 tokens: 34 to prefill
 @pytest.mark.parametrize(("chunk", "runs"), [(0, [34]), (128, [34]), (8, [8, 8, 8, 8, 2]), (34, [34])])
 def test_prefill_runs_of_prefill_chunk_tokens(chunk: int, runs: list[int]) -> None:
     cache = AppendingCache(TARGET)
-    out = generate(cache, LONG, None, DecodeSettings(max_new_tokens=6, prefill_chunk=chunk), frozenset())
+    settings = DecodeSettings(max_new_tokens=6, prefill_chunk=chunk, fold_prefill=0)
+    out = generate(cache, LONG, None, settings, frozenset())
     assert out.tokens == TARGET.greedy(LONG, 6)
     assert cache.appended == runs  # Not [34] for chunk 8: a cancel could not land inside it
     assert out.prefill_tokens == len(LONG)
@@ -432,7 +459,7 @@ def test_prefill_runs_of_prefill_chunk_tokens(chunk: int, runs: list[int]) -> No
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_cancel_between_prefill_runs_keeps_the_runs_done(k: int) -> None:
     cache = AppendingCache(TARGET)
-    settings = DecodeSettings(max_new_tokens=6, prefill_chunk=8)
+    settings = DecodeSettings(max_new_tokens=6, prefill_chunk=8, fold_prefill=0)
     # cancelled() is asked once at the start and then before every run after the first
     out = generate(cache, LONG, None, settings, frozenset(), cancelled=lambda: len(cache.appended) >= k)
     assert out.stop_reason == "cancelled" and out.tokens == [] and out.target_passes == 0
