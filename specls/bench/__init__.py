@@ -1,4 +1,4 @@
-"""``specls bench [decode|lsp|team|gpu|real]``: benchmarks that print ratios from one run.
+"""``specls bench [decode|lsp|team|gpu|real|quant]``: benchmarks that print ratios from one run.
 
 Each kind lives in its own module defining ``register(subparsers)``; ``specls bench`` alone runs
 ``decode``."""
@@ -9,7 +9,7 @@ import argparse
 import importlib
 from typing import Any
 
-_KINDS = ("decode", "lsp", "team", "gpu", "real")
+_KINDS = ("decode", "lsp", "team", "gpu", "real", "quant")
 
 
 def register(sub: Any) -> None:
