@@ -127,6 +127,7 @@ def test_sweep_end_to_end_on_a_tiny_model(tiny_fp32: Path, tmp_path: Path) -> No
         fp32=tiny_fp32,
         blocks=(32,),
         levels=(4, 0),
+        embedding_at=(32, 4),  # not the default block: the extra variant sits where it is asked for
         threads=1,
         prompt_tokens=24,
         keystroke_tokens=4,
