@@ -617,6 +617,7 @@ def _trace(model: Any, spec: ModelSpec, onnx_path: Path, options: ExportOptions)
         raise ExportError("torch.onnx.export returned no program")
     _name_dims(program.model, spec)
     program.save(str(onnx_path), external_data=_needs_external_data(program))
+    _drop_ir_weights(program.model.graph)
 
 
 def _fusions(options: ExportOptions) -> str | None:
@@ -678,6 +679,18 @@ def _trace_fused(model: Any, spec: ModelSpec, onnx_path: Path, options: ExportOp
         str(onnx_path),
         external_data=f"{onnx_path.name}.data" if _ir_bytes(program) > 1_800_000_000 else None,
     )
+    _drop_ir_weights(program.graph)
+
+
+def _drop_ir_weights(graph: Any) -> None:
+    """Drop the tensors of a saved ONNX IR graph. onnxscript's rewrite rules are module-level pattern
+    matchers that keep a reference to the last graph they matched, so an exported graph outlives the
+    export, and through its initializers (TorchTensors wrapping the parameters) so does every torch
+    weight: the 1.5B export held 6.6 GiB of freed-model parameters through verification,
+    quantization and the agreement check (peak RSS 19.3 GiB, 2.9x the fp32 weights)."""
+    for value in list(graph.initializers.values()):
+        value.const_value = None
+    graph.initializers.clear()
 
 
 def _layer_key(name: str) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 _COMMAND_MODULES = (
     "specls.models.cli",  # export, train, eval
     "specls.complete_cmd",  # complete
-    "specls.bench",  # bench [decode|lsp|team|gpu|real]
+    "specls.bench",  # bench [decode|lsp|team|gpu|real|quant]
     "specls.lsp.cli",  # serve, stats
     "specls.team.cli",  # serve-engine
 )

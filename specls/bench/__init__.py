@@ -1,4 +1,4 @@
-"""``specls bench [decode|lsp|team|gpu|real|fim]``: benchmarks that print ratios from one run.
+"""``specls bench [decode|lsp|team|gpu|real|quant|fim]``: benchmarks that print ratios from one run.
 
 Each kind lives in its own module defining ``register(subparsers)``; ``specls bench`` alone runs
 ``decode``."""
@@ -9,7 +9,7 @@ import argparse
 import importlib
 from typing import Any
 
-_KINDS = ("decode", "lsp", "team", "gpu", "real", "fim")
+_KINDS = ("decode", "lsp", "team", "gpu", "real", "quant", "fim")
 
 
 def register(sub: Any) -> None:
