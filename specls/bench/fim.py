@@ -41,7 +41,7 @@ class FimBenchOptions:
     n: int = 40
     seed: int = 0
     threads: int = 2
-    # the prefix window of every layout: smaller than the served 640 so a 1.5B run takes minutes
+    # the prefix window of every layout: smaller than the served 672 so a 1.5B run takes minutes
     prefix_tokens: int = 384
     suffix_windows: tuple[int, ...] = (64, 32, 16)
     json_out: str | None = None

@@ -98,7 +98,7 @@ def test_prompt_facts_prefix_only_and_fim() -> None:
     qwen = prompt_facts(fitted, [], 32768, tok)
     assert qwen.family == "qwen2.5-coder" and qwen.fim is not None and qwen.fim.file_sep_id is None
     # PSM without a file separator: no context snippets, their share goes to the prefix
-    assert (qwen.budget.prefix_tokens, qwen.budget.suffix_tokens, qwen.budget.context_tokens) == (768, 64, 0)
+    assert (qwen.budget.prefix_tokens, qwen.budget.suffix_tokens, qwen.budget.context_tokens) == (800, 32, 0)
     with pytest.raises(ValueError, match="<fim_prefix>"):
         prompt_facts(BUNDLED, [], 1024, tok)  # a template whose tokens this tokenizer lacks
 

@@ -144,8 +144,8 @@ def test_start_tokens_lead_fim_prompts() -> None:
 # (max_context, family, order, file_sep) -> (prefix, suffix, context) tokens, and the wrong answer
 BUDGET_TABLE = [
     ((1024, "bundled", "spm", True), (256, 96, 64), "640/192/128: the bundled pair trained on 512 positions"),
-    ((32768, "qwen2.5-coder", "psm", True), (640, 64, 128), "a 32k window: cold prefill of minutes on a CPU"),
-    ((32768, "qwen2.5-coder", "psm", False), (768, 64, 0), "context 128 with no file separator to use it"),
+    ((32768, "qwen2.5-coder", "psm", True), (672, 32, 128), "a 32k window: cold prefill of minutes on a CPU"),
+    ((32768, "qwen2.5-coder", "psm", False), (800, 32, 0), "context 128 with no file separator to use it"),
     ((32768, "starcoder", "spm", True), (512, 192, 128), "PSM's small suffix: SPM keeps the suffix cached"),
     ((8192, "none", None, False), (832, 192, 0), "a suffix share of the prompt: prefix-only has none"),
     ((256, "none", None, False), (208, 48, 0), "1024 positions: more than the model's context"),
