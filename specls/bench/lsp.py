@@ -4,7 +4,8 @@ Picks files from the stdlib test directories (held out from training; seeded cho
 whole lines out of each, opens the rest and types the region back character by character over stdio:
 one ``didChange`` per keystroke, an ``textDocument/inlineCompletion`` after a short debounce (as
 editors do), and ``$/cancelRequest`` for a request still in flight when the next key arrives. Typing
-speed varies (seeded) and pauses at line ends, where a suggestion has time to arrive.
+speed varies (seeded) and pauses at line ends, where a suggestion has time to arrive
+(``--wait-at-line-end``: until it has arrived, the way a user waits for a slow engine's ghost text).
 
 Prints keystroke->result latency p50/p95 (client side: from the keystroke's didChange to the answer of
 the request it triggered), answered/served/cancelled counts, and the server's counters from
@@ -41,6 +42,9 @@ class LspBenchSettings:
     min_key_ms: float = 40.0  # fastest and slowest gap between keystrokes
     max_key_ms: float = 220.0
     line_pause_ms: float = 400.0  # pause after Enter (reading the suggestion)
+    # after Enter, wait for the answer (up to timeout_s) before typing on: a user who waits for the
+    # ghost text, so a slow engine's latency is measured instead of every request being cancelled
+    wait_at_line_end: bool = False
     threads: int = 1
     max_tokens: int = 32
     server: tuple[str, ...] = ()  # extra `specls serve` arguments (--model, --draft, --no-draft)
@@ -203,6 +207,11 @@ async def _type_file(
         pending_timer = loop.call_later(s.debounce_ms / 1000, ask, key_t, line, col, through)
         gap = rng.uniform(s.min_key_ms, s.max_key_ms) + (s.line_pause_ms if ch == "\n" else 0.0)
         await asyncio.sleep(gap / 1000)
+        if ch == "\n" and s.wait_at_line_end:
+            await asyncio.sleep(s.debounce_ms / 1000)  # the request is sent after the debounce
+            await asyncio.gather(
+                *[asyncio.shield(f) for f, _, _ in inflight.values()], return_exceptions=True
+            )
     await asyncio.sleep(s.debounce_ms / 1000 + 0.01)
     if done:
         await asyncio.gather(*done)
@@ -399,6 +408,7 @@ def _run(args: argparse.Namespace) -> int:
         debounce_ms=args.debounce_ms,
         threads=args.threads,
         max_tokens=args.max_tokens,
+        wait_at_line_end=args.wait_at_line_end,
         server=tuple(server),
     )
     try:
@@ -427,5 +437,10 @@ def register(kinds: Any) -> None:
     p.add_argument("--no-draft", action="store_true")
     p.add_argument("--no-speculation", action="store_true")
     p.add_argument("--no-type-ahead", action="store_true", help="the server decodes every keystroke again")
+    p.add_argument(
+        "--wait-at-line-end",
+        action="store_true",
+        help="after Enter, wait for the answer before typing on (measures a slow engine's latency)",
+    )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.set_defaults(func=_run)

@@ -4,8 +4,9 @@ counts must add up (timing-dependent numbers are not asserted)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
-from specls.bench.lsp import LspBenchSettings, run_bench
+from specls.bench.lsp import LspBenchSettings, pick_regions, run_bench
 
 
 def test_report_adds_up() -> None:
@@ -19,3 +20,15 @@ def test_report_adds_up() -> None:
     assert through + other == report["answered"] == report["keystroke_to_result_ms"]["n"]
     assert report["server"]["engine_calls"] >= report["answered"] - 1
     assert 0.0 <= report["server"]["type_ahead_rate"] <= 1.0
+
+
+def test_waiting_at_line_ends_answers_every_line_end() -> None:
+    # keys 1-5 ms apart and no pause: without the wait, no Enter outlives the 30 ms debounce
+    fast = LspBenchSettings(files=1, chars=60, min_key_ms=1.0, max_key_ms=5.0, line_pause_ms=0.0)
+    s = replace(fast, wait_at_line_end=True)
+    line_ends = sum(region.count("\n") for _, _, region in pick_regions(s))
+    report = asyncio.run(run_bench(s))
+    assert report["error_count"] == 0, report["errors"]
+    # each Enter's request was waited for, so none of them was cancelled by the next keystroke
+    assert report["answered"] >= line_ends > 0
+    assert asyncio.run(run_bench(fast))["answered"] < line_ends  # Not every line end: nothing waited
