@@ -409,7 +409,11 @@ class OnnxEngine:
         if not typed:  # None: not typing through it; 0: the same cursor (the completion cache's case)
             return None
         rest = last.text[typed:]
-        cut = request.stop(rest) if request.stop is not None else None
+        try:
+            cut = request.stop(rest) if request.stop is not None else None
+        except Exception:  # a broken stop function: let the decode path (which guards it) answer
+            logger.exception("stop function failed on a type-ahead text")
+            return None
         if cut is None and state.last_reason != "eos":
             return None  # the model would have gone on after `rest`
         text = rest if cut is None else rest[:cut]
@@ -419,8 +423,9 @@ class OnnxEngine:
         if not text.strip() or n > request.max_tokens:
             return None
         self._counters.type_ahead()
+        reason = "eos" if cut is None else "stop"
         return CompletionResult(
-            text=text, tokens=n, stop_reason="stop", type_ahead=True, provider=models.provider
+            text=text, tokens=n, stop_reason=reason, type_ahead=True, provider=models.provider
         )
 
     def _prefix_cache(self, models: LoadedModels, state: _DocState, prompt: list[int]) -> KVCache:

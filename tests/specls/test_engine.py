@@ -371,6 +371,10 @@ def test_type_ahead_shows_the_rest_of_the_suggestion_without_a_model_call() -> N
     assert engine.stats()["type_ahead_hits"] == 2 and engine.stats()["requests"] == 3
 
 
+def broken_stop(text: str) -> int | None:
+    raise RuntimeError("a stop rule with a bug")
+
+
 def late(checks: Iterator[int], k: int) -> bool:
     """A cancel check that says yes from its k-th call on."""
     return next(checks) >= k
@@ -390,6 +394,7 @@ def test_type_ahead_only_when_the_rest_is_the_whole_answer() -> None:
         "typed other text": replace(req, prefix=SOURCE[: POINTS[1]] + other, suffix=SOURCE[POINTS[1] :]),
         "budget-cut, no stop": replace(req, stop=None),  # Not the 45 characters left of 48
         "smaller budget": replace(req, max_tokens=2),
+        "broken stop": replace(req, stop=broken_stop),  # Not a crash: the decode path ignores it
     }
     for name, case in cases.items():
         e = OnnxEngine(EngineSettings(), models)
