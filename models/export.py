@@ -356,7 +356,7 @@ def _quantize_dir(
 ) -> None:
     """Quantize ``graphs`` of ``out_dir`` into a staging dir, check the main graph's agreement with
     the unquantized one on held-out code, then replace the unquantized graphs by the quantized ones."""
-    from specls.models.agreement import agreement_of_dirs, graph_logits
+    from specls.models.agreement import ReferenceGraph, agreement_of_dirs
 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".quantize-") as tmp:
         stage = Path(tmp)
@@ -373,20 +373,21 @@ def _quantize_dir(
         spec.write(stage)
         if options.verify:
             agree = options.agreement
-            progress("comparing with the unquantized graph on held-out code", 0.75)
+            progress("the unquantized graph's logits on held-out code", 0.75)
 
-            def step(n: int) -> None:
+            def step(phase: str, n: int) -> None:
+                what = "the unquantized graph's logits" if phase == "reference" else "comparing with it"
                 progress(
-                    f"comparing with the unquantized graph on held-out code ({n}/{agree.positions})",
-                    0.75 + 0.2 * min(1.0, n / max(1, agree.positions)),
+                    f"{what} on held-out code ({n}/{agree.positions})",
+                    0.75 + 0.1 * (phase != "reference") + 0.1 * min(1.0, n / max(1, agree.positions)),
                 )
 
-            ref = graph_logits(out_dir / spec.onnx_file, spec, agree.threads)
+            # the unquantized graph's logits first, then the quantized graph alone: never both sessions
+            ref = ReferenceGraph(out_dir / spec.onnx_file, spec)
             try:
-                result = agreement_of_dirs(ref, stage, agree, step)
+                result = agreement_of_dirs(ref, stage, agree, step, spill_dir=out_dir)
             except ValueError as exc:
                 raise fail(f"{stage / spec.onnx_file}: {exc}") from None
-            del ref
             _free_memory()
             _log_memory("agreement measured")
             report["agreement"] = asdict(result)
