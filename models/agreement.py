@@ -17,16 +17,21 @@ from __future__ import annotations
 
 import logging
 import random
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from specls.models import data as D
 from specls.models.evaluate import EvalOptions, LogitsFn, heldout_windows
 from specls.models.fim import FimTemplate, fim_prompt_text
 from specls.models.spec import LOGITS_TO_KEEP, ModelSpec
+
+if TYPE_CHECKING:
+    from specls.models.runtime import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +129,27 @@ def fim_windows(
             return
 
 
+def agreement_windows(
+    tokenize: Callable[[str], list[int]], options: AgreementOptions, fim: FimTemplate | None = None
+) -> Iterator[tuple[bool, list[int]]]:
+    """(is a FIM prompt, input ids) of each window ``measure_agreement`` scores, in its order: the
+    plain held-out windows, then (with ``fim``) the FIM prompts; every input position is scored."""
+    fim_n = options.positions // 2 if fim is not None else 0
+    eval_opts = EvalOptions(
+        target=Path(),
+        draft=Path(),
+        tokens=options.positions - fim_n,
+        window=options.window,
+        seed=options.seed,
+        corpus_root=options.corpus_root,
+    )
+    for _, ids, k in heldout_windows(tokenize, eval_opts):
+        yield False, ids[:k]
+    if fim is not None:
+        for ids, k in fim_windows(tokenize, fim, options, fim_n):
+            yield True, ids[:k]
+
+
 def measure_agreement(
     reference: LogitsFn,
     candidate: LogitsFn,
@@ -136,34 +162,20 @@ def measure_agreement(
     of them in FIM prompts when ``fim`` is given). ``progress`` gets the number of positions scored so
     far after each window. Raises ValueError when there is no held-out text or a graph returns
     non-finite logits."""
-    fim_n = options.positions // 2 if fim is not None else 0
-    eval_opts = EvalOptions(
-        target=Path(),
-        draft=Path(),
-        tokens=options.positions - fim_n,
-        window=options.window,
-        seed=options.seed,
-        corpus_root=options.corpus_root,
-    )
-    plain = ((ids, k) for _, ids, k in heldout_windows(tokenize, eval_opts))
-    sources: list[tuple[bool, Iterator[tuple[list[int], int]]]] = [(False, plain)]
-    if fim is not None:
-        sources.append((True, fim_windows(tokenize, fim, options, fim_n)))
     t0 = time.perf_counter()
     n = windows = agree = fim_pos = fim_agree = 0
     kl = absd = 0.0
-    for is_fim, source in sources:
-        for ids, k in source:
-            inputs = ids[:k]
-            r, g = reference(inputs), candidate(inputs)
-            if not np.isfinite(g).all():
-                raise ValueError(f"the candidate graph returned non-finite logits (window {windows})")
-            a, d_kl, d_abs = compare_logits(r, g)
-            agree, kl, absd, n, windows = agree + a, kl + d_kl, absd + d_abs, n + k, windows + 1
-            if is_fim:
-                fim_pos, fim_agree = fim_pos + k, fim_agree + a
-            if progress is not None:
-                progress(n)
+    for is_fim, inputs in agreement_windows(tokenize, options, fim):
+        k = len(inputs)
+        r, g = reference(inputs), candidate(inputs)
+        if not np.isfinite(g).all():
+            raise ValueError(f"the candidate graph returned non-finite logits (window {windows})")
+        a, d_kl, d_abs = compare_logits(r, g)
+        agree, kl, absd, n, windows = agree + a, kl + d_kl, absd + d_abs, n + k, windows + 1
+        if is_fim:
+            fim_pos, fim_agree = fim_pos + k, fim_agree + a
+        if progress is not None:
+            progress(n)
     if n == 0:
         raise ValueError("no held-out positions to score")
     return AgreementResult(
@@ -176,6 +188,47 @@ def measure_agreement(
         fim_positions=fim_pos,
         fim_top1=fim_agree / fim_pos if fim_pos else None,
     )
+
+
+class StoredLogits:
+    """The logits of a reference, computed ahead for a known list of windows and replayed in that
+    order as a ``LogitsFn``: what lets the agreement check free the reference graph (7.1 GB for the
+    fp32 Qwen2.5-Coder-1.5B) before the candidate loads. With ``spill_dir`` each window's float32
+    logits go to a ``.npy`` file there (2,048 positions of a 151,936-token vocabulary are 1.2 GB),
+    read back one window at a time; without it they stay in memory. Exact: the replayed arrays are
+    the reference's, so the figures are those of scoring both side by side."""
+
+    def __init__(
+        self,
+        reference: LogitsFn,
+        windows: Sequence[Sequence[int]],
+        spill_dir: Path | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self._windows = [list(w) for w in windows]
+        self._held: list[np.ndarray | Path] = []
+        done = 0
+        for i, ids in enumerate(self._windows):
+            logits = np.asarray(reference(ids), dtype=np.float32)
+            if spill_dir is not None:
+                path = spill_dir / f"reference-{i:05d}.npy"
+                np.save(path, logits, allow_pickle=False)
+                self._held.append(path)
+            else:
+                self._held.append(logits)
+            done += len(ids)
+            if progress is not None:
+                progress(done)
+        self._next = 0
+
+    def __call__(self, ids: Sequence[int]) -> np.ndarray:
+        i = self._next
+        if i >= len(self._windows) or list(ids) != self._windows[i]:
+            raise ValueError(f"stored reference logits replayed out of order (call {i})")
+        self._next += 1
+        held = self._held[i]
+        self._held[i] = np.empty((0, 0), dtype=np.float32)  # each window is read once
+        return np.load(held, allow_pickle=False) if isinstance(held, Path) else held
 
 
 def graph_logits(graph: Path, spec: ModelSpec, threads: int) -> LogitsFn:
@@ -209,37 +262,98 @@ def graph_logits(graph: Path, spec: ModelSpec, threads: int) -> LogitsFn:
     return fn
 
 
+@dataclass(frozen=True)
+class ReferenceGraph:
+    """An unquantized graph file and its spec (the reference of an export, before ``specls.json`` is
+    written): ``agreement_of_dirs`` loads it only while it computes the reference logits."""
+
+    graph: Path
+    spec: ModelSpec
+
+
 def agreement_of_dirs(
-    reference: LogitsFn | Path,
+    reference: LogitsFn | Path | ReferenceGraph,
     candidate_dir: Path,
     options: AgreementOptions = AgreementOptions(),
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[str, int], None] | None = None,
+    spill_dir: Path | None = None,
 ) -> AgreementResult:
     """``measure_agreement`` of the exported model dir ``candidate_dir``, loaded by the runtime (so
-    the dir must load), against ``reference``: a model dir or a logits function. Text is tokenized
-    with the candidate's tokenizer."""
+    the dir must load), against ``reference``: a model dir, a ``ReferenceGraph`` or a logits function.
+    Text is tokenized with the candidate's tokenizer.
+
+    A model dir or ``ReferenceGraph`` is loaded first, alone: its logits for every window are kept
+    (``StoredLogits``, in a temporary dir under ``spill_dir`` when given) and it is freed before the
+    candidate loads, so the two graphs are never in memory together (the peak of an int4 export of
+    the 1.5B used to be the fp32 and the int4 sessions side by side). A logits function is the
+    caller's to keep: it is run side by side with the candidate. ``progress`` gets ("reference", n)
+    while the reference's logits are computed and ("candidate", n) while the candidate is scored,
+    n the positions done in that pass."""
     from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+    from specls.models.spec import load_spec
+    from specls.models.tokenizer import Tokenizer
 
     settings = RuntimeSettings(threads=options.threads, provider="cpu")
-    if isinstance(reference, Path):
-        ref_lm = OnnxCausalLM(reference, settings)
+    cand_spec = load_spec(candidate_dir)
+    tokenizer = Tokenizer.from_file(candidate_dir / cand_spec.tokenizer_file)
+    fim = cand_spec.fim
 
-        def ref_fn(ids: Sequence[int]) -> np.ndarray:
-            return np.asarray(ref_lm.new_cache().forward(list(ids)), dtype=np.float32)
+    def report(phase: str) -> Callable[[int], None] | None:
+        return None if progress is None else (lambda n: progress(phase, n))
 
-        reference = ref_fn
-    lm = OnnxCausalLM(candidate_dir, settings)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=spill_dir, prefix=".agreement-") as tmp:
+        if isinstance(reference, (Path, ReferenceGraph)):
+            ref_fn = _load_reference(reference, settings)
+            windows = [ids for _, ids in agreement_windows(tokenizer.encode, options, fim)]
+            spill = Path(tmp) if spill_dir is not None else None
+            reference = StoredLogits(ref_fn, windows, spill, report("reference"))
+            ref_s = time.perf_counter() - t0
+            del ref_fn  # the reference session goes before the candidate loads
+            _release_memory()
+            log.info("agreement: reference logits of %d windows in %.1f s", len(windows), ref_s)
+        lm = OnnxCausalLM(candidate_dir, settings)
 
-    def cand(ids: Sequence[int]) -> np.ndarray:
-        return np.asarray(lm.new_cache().forward(list(ids)), dtype=np.float32)  # [n, vocab]
+        def cand(ids: Sequence[int]) -> np.ndarray:
+            return np.asarray(lm.new_cache().forward(list(ids)), dtype=np.float32)  # [n, vocab]
 
-    return measure_agreement(reference, cand, lm.tokenizer.encode, options, progress, lm.spec.fim)
+        result = measure_agreement(
+            reference, cand, lm.tokenizer.encode, options, report("candidate"), lm.spec.fim
+        )
+    return replace(result, wall_s=time.perf_counter() - t0)  # both passes
+
+
+def _load_reference(reference: Path | ReferenceGraph, settings: RuntimeSettings) -> LogitsFn:
+    """The logits function of a reference model dir or graph file (its session lives in the closure)."""
+    if isinstance(reference, ReferenceGraph):
+        return graph_logits(reference.graph, reference.spec, settings.threads)
+    from specls.models.runtime import OnnxCausalLM
+
+    ref_lm = OnnxCausalLM(reference, settings)
+
+    def ref_fn(ids: Sequence[int]) -> np.ndarray:
+        return np.asarray(ref_lm.new_cache().forward(list(ids)), dtype=np.float32)
+
+    return ref_fn
+
+
+def _release_memory() -> None:
+    """Collect the dropped reference session and give the C heap's free pages back to the OS."""
+    import gc
+
+    from specls.models.runtime import _release_freed_memory
+
+    gc.collect()
+    _release_freed_memory()
 
 
 __all__ = [
     "AgreementOptions",
     "AgreementResult",
+    "ReferenceGraph",
+    "StoredLogits",
     "agreement_of_dirs",
+    "agreement_windows",
     "compare_logits",
     "measure_agreement",
     "graph_logits",

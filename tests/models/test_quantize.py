@@ -4,6 +4,7 @@ quantization."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -259,3 +260,85 @@ def test_compare_logits_table() -> None:
         assert d == pytest.approx(absd)
     with pytest.raises(ValueError, match="same"):
         compare_logits(np.zeros((2, 3)), np.zeros((3, 3)))
+
+
+def test_agreement_frees_the_reference_before_the_candidate_loads(
+    exported: dict[str, Path], int4: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export's two-pass check: the fp32 graph's logits for every window are computed, and its
+    session collected, before the int4 graph loads (Not: both sessions in memory together, the old
+    peak), and the figures are exactly those of scoring the two graphs side by side."""
+    import gc
+    import weakref
+
+    from specls.models import agreement as A
+    from specls.models import runtime as R
+
+    src, cand = exported["qwen2"], int4["qwen2"]
+    spec = load_spec(src)
+    opts = replace(TINY, positions=512)
+    side_by_side = agreement_of_dirs(A.graph_logits(src / spec.onnx_file, spec, 1), cand, opts)
+
+    events: list[tuple[str, object]] = []
+    sessions: list[weakref.ref[object]] = []
+    real_graph_logits, real_lm = A.graph_logits, R.OnnxCausalLM
+
+    class Reference:  # a weakly referenceable wrapper: alive as long as the reference session is
+        def __init__(self, graph: Path, s: object, threads: int) -> None:
+            self.fn = real_graph_logits(graph, spec, threads)
+
+        def __call__(self, ids: list[int]) -> np.ndarray:
+            events.append(("reference", len(ids)))
+            return self.fn(ids)
+
+    def spy_graph_logits(graph: Path, s: object, threads: int) -> Reference:
+        ref = Reference(graph, s, threads)
+        sessions.append(weakref.ref(ref))
+        return ref
+
+    class SpyLM(real_lm):  # type: ignore[misc, valid-type]
+        def __init__(self, model_dir: Path, settings: RuntimeSettings) -> None:
+            gc.collect()
+            events.append(("load", (Path(model_dir), [s() is None for s in sessions])))
+            super().__init__(model_dir, settings)
+
+    monkeypatch.setattr(A, "graph_logits", spy_graph_logits)
+    monkeypatch.setattr(R, "OnnxCausalLM", SpyLM)
+    phases: list[str] = []
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    two_pass = agreement_of_dirs(
+        A.ReferenceGraph(src / spec.onnx_file, spec),
+        cand,
+        opts,
+        lambda phase, n: phases.append(phase),
+        spill_dir=spill,
+    )
+    loads = [i for i, (kind, _) in enumerate(events) if kind == "load"]
+    assert loads == [len(events) - 1], events  # one load, the candidate's, after every reference call
+    assert events[-1][1] == (cand, [True])  # the reference session was already collected then
+    assert sum(int(n) for kind, n in events[:-1] if kind == "reference") == two_pass.positions  # type: ignore[call-overload]
+    assert phases == ["reference"] * two_pass.windows + ["candidate"] * two_pass.windows
+    assert not list(spill.iterdir())  # the spilled logits are gone
+    fields = ("positions", "windows", "fim_positions", "top1", "fim_top1", "mean_kl", "mean_abs_dlogit")
+    assert [getattr(two_pass, f) for f in fields] == [getattr(side_by_side, f) for f in fields]
+
+
+def test_stored_logits_replay_in_order(tmp_path: Path) -> None:
+    """StoredLogits gives back the reference's arrays, spilled or not, and refuses a window it was
+    not computed for or out of order (Not: another window's logits scored silently)."""
+    from specls.models.agreement import StoredLogits
+
+    def ref(ids: Sequence[int]) -> np.ndarray:
+        return np.arange(len(ids) * 3, dtype=np.float32).reshape(len(ids), 3) + ids[0]
+
+    windows = [[1, 2], [7, 8, 9]]
+    for spill in (None, tmp_path):
+        stored = StoredLogits(ref, windows, spill)
+        with pytest.raises(ValueError, match="out of order"):
+            stored([7, 8, 9])
+        np.testing.assert_array_equal(stored([1, 2]), ref([1, 2]))
+        np.testing.assert_array_equal(stored([7, 8, 9]), ref([7, 8, 9]))
+        with pytest.raises(ValueError, match="out of order"):
+            stored([1, 2])
+    assert len(list(tmp_path.glob("*.npy"))) == 2
