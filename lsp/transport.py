@@ -48,6 +48,8 @@ from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from specls.lsp.server import EngineHost, SpeclsServer
 
+from specls.memory import release_freed_memory
+
 logger = logging.getLogger(__name__)
 
 # Why 64 MiB: JSON escapes make a source file 1-2x larger on the wire, so this admits ~30 MB files
@@ -523,12 +525,6 @@ def is_notification(method: str) -> bool:
     return known is not None and known[1] is None
 
 
-def _release_memory() -> None:
-    from specls.models.runtime import _release_freed_memory  # lazily: the numpy import only when needed
-
-    _release_freed_memory()
-
-
 class Connection:
     """Feeds framed messages of one stream to one pygls server."""
 
@@ -560,7 +556,7 @@ class Connection:
                 self.dispatch(body)
                 del body
                 if large:
-                    _release_memory()
+                    release_freed_memory()
         except Exception:  # a framing bug must not end the session: drop what is buffered, go on
             logger.exception("framing failed; %d buffered bytes dropped", self.framer.buffered)
             self.framer.reset()

@@ -30,6 +30,8 @@ from specls.models.evaluate import EvalOptions, LogitsFn, heldout_windows
 from specls.models.fim import FimTemplate, fim_prompt_text
 from specls.models.spec import LOGITS_TO_KEEP, ModelSpec
 
+from specls.memory import release_freed_memory
+
 if TYPE_CHECKING:
     from specls.models.runtime import RuntimeSettings
 
@@ -310,7 +312,7 @@ def agreement_of_dirs(
             reference = StoredLogits(ref_fn, windows, spill, report("reference"))
             ref_s = time.perf_counter() - t0
             del ref_fn  # the reference session goes before the candidate loads
-            _release_memory()
+            release_freed_memory(collect=True)  # the dropped reference session
             log.info("agreement: reference logits of %d windows in %.1f s", len(windows), ref_s)
         lm = OnnxCausalLM(candidate_dir, settings)
 
@@ -335,16 +337,6 @@ def _load_reference(reference: Path | ReferenceGraph, settings: RuntimeSettings)
         return np.asarray(ref_lm.new_cache().forward(list(ids)), dtype=np.float32)
 
     return ref_fn
-
-
-def _release_memory() -> None:
-    """Collect the dropped reference session and give the C heap's free pages back to the OS."""
-    import gc
-
-    from specls.models.runtime import _release_freed_memory
-
-    gc.collect()
-    _release_freed_memory()
 
 
 __all__ = [

@@ -31,6 +31,7 @@ from specls.models.spec import LOGITS_TO_KEEP, SPEC_FILE, ModelSpec, kv_names
 from specls.models.tokenizer import Tokenizer
 
 from specls.api import EngineError
+from specls.memory import release_freed_memory
 
 if TYPE_CHECKING:
     import torch
@@ -227,7 +228,7 @@ def export_model(
         tmp_onnx = Path(tmp) / ONNX_FILE
         if options.dtype == "fp16":
             del model  # the fp32 copy was only needed for the reference logits
-            _free_memory()
+            release_freed_memory(collect=True)
             model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
         traced = False
         if fusions is not None:
@@ -248,7 +249,7 @@ def export_model(
             _trace(model, spec, Path(tmp) / BATCH_ONNX_FILE, options)
             spec = replace(spec, batch_onnx_file=BATCH_ONNX_FILE)
         del model  # the graph's weights are on disk now: free the torch copy before ONNX Runtime loads
-        _free_memory()
+        release_freed_memory(collect=True)
         _log_memory("traced")
         progress("writing files", 0.5)
         for f in [*out_dir.glob(f"{ONNX_FILE}*"), *out_dir.glob(f"{BATCH_ONNX_FILE}*")]:
@@ -367,7 +368,7 @@ def _quantize_dir(
             except QuantizeError as exc:
                 raise fail(str(exc)) from None
             report.setdefault("quantized", {})[graph] = asdict(r)
-            _free_memory()
+            release_freed_memory(collect=True)
             _log_memory(f"quantized {graph}")
         shutil.copyfile(out_dir / TOKENIZER_FILE, stage / TOKENIZER_FILE)
         spec.write(stage)
@@ -388,7 +389,7 @@ def _quantize_dir(
                 result = agreement_of_dirs(ref, stage, agree, step, spill_dir=out_dir)
             except ValueError as exc:
                 raise fail(f"{stage / spec.onnx_file}: {exc}") from None
-            _free_memory()
+            release_freed_memory(collect=True)
             _log_memory("agreement measured")
             report["agreement"] = asdict(result)
             report["agreement_floor"] = agree.min_top1
@@ -419,19 +420,6 @@ def _log_memory(stage: str) -> None:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     log.info("export: %s (peak RSS so far %.2f GB)", stage, peak * 1024 / 1e9)
-
-
-def _free_memory() -> None:
-    """Collect dropped torch/onnx objects and give the C heap's free pages back to the OS (glibc)."""
-    import gc
-
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _load_torch_model(

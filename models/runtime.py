@@ -36,6 +36,8 @@ from specls.decoder.api import CausalLM, KVCache
 from specls.models.spec import LOGITS_TO_KEEP, GraphIO, ModelLoadError, ModelSpec, check_graph_io, load_spec
 from specls.models.tokenizer import Tokenizer
 
+from specls.memory import release_freed_memory
+
 log = logging.getLogger(__name__)
 
 PROVIDERS = ("auto", "cpu", "cuda")
@@ -62,17 +64,6 @@ def _session_options(settings: RuntimeSettings) -> Any:
     return so
 
 
-def _release_freed_memory() -> None:
-    """Give the C heap's free pages back to the OS (glibc only; a no-op elsewhere). Loading a graph
-    whose fp16 weights ORT casts/transposes at load frees ~50 MB that glibc would otherwise keep."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _create_session(onnx_path: Path, settings: RuntimeSettings) -> tuple[Any, str]:
     """(session, "cpu"|"cuda"). CUDA when asked for (or auto) and the session really got it."""
     import onnxruntime as ort
@@ -94,7 +85,7 @@ def _create_session(onnx_path: Path, settings: RuntimeSettings) -> tuple[Any, st
         sess = ort.InferenceSession(str(onnx_path), so, providers=providers)
     except Exception as exc:  # ORT raises its own Fail/InvalidProtobuf/...: report the file
         raise ModelLoadError(f"{onnx_path}: cannot be loaded by onnxruntime ({exc})") from None
-    _release_freed_memory()
+    release_freed_memory()
     # ORT silently falls back to CPU when the CUDA libraries are missing: check what we got.
     got = "cuda" if sess.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
     if settings.provider == "cuda" and got != "cuda":
@@ -201,7 +192,7 @@ class OnnxCausalLM(CausalLM):
     def release_memory(self) -> None:
         """Return freed C-heap memory to the OS (after a burst of concurrent batched requests glibc's
         per-thread heaps keep hundreds of MB of freed KV and activations)."""
-        _release_freed_memory()
+        release_freed_memory()
 
     def batch_graph(self) -> Path | None:
         """The graph that can run a pass over several sequences, or None (see the module docstring)."""

@@ -26,7 +26,6 @@ Each variant's dir is deleted once measured: the 1.5B's variants are 1.2-1.4 GB 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import random
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from specls.memory import release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -274,16 +275,6 @@ def dir_bytes(path: Path) -> int:
 # -- measurement -------------------------------------------------------------------------------------
 
 
-def _free() -> None:
-    gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def prompt_ids(
     tokenize: Callable[[str], list[int]], n: int, seed: int, root: Path | None = None
 ) -> list[int]:
@@ -341,7 +332,7 @@ def measure_speed(model_dir: Path, opt: QuantBenchOptions, row: Row, ids: list[i
         c.append(ids[:p])
         _, row.extra_decode_tok_s = _decode(c, ids[p], opt.decode_tokens)
         del c, other
-        _free()
+        release_freed_memory(collect=True)
     return lm
 
 
@@ -405,7 +396,7 @@ def run_bench(opt: QuantBenchOptions, progress: Callable[[str], None] = lambda m
         ids = prompt_ids(tokenizer.encode, opt.prompt_tokens + opt.keystroke_tokens + 1, opt.seed)
         progress("fp32: measuring speed, then the reference logits")
         tokenize, fim = _fp32_reference(opt, fp32, ids, agree, ref_logits)
-        _free()
+        release_freed_memory(collect=True)
         rows.append(fp32)
         progress(format_row(fp32, opt.extra_decode_threads is not None))
 
@@ -448,7 +439,7 @@ def run_bench(opt: QuantBenchOptions, progress: Callable[[str], None] = lambda m
             row.top1, row.fim_top1, row.mean_kl = res.top1, res.fim_top1, res.mean_kl
             row.agreement_positions = res.positions
             del lm, cand
-            _free()
+            release_freed_memory(collect=True)
             rows.append(row)
             progress(format_row(row, opt.extra_decode_threads is not None))
     finally:

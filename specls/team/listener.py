@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import socket
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pygls.lsp.server import LanguageServer
 
 from specls.lsp.server import EngineHost, SpeclsServer
 from specls.lsp.transport import Connection
+from specls.memory import release_freed_memory
 from specls.team.metrics import Metrics
 from specls.team.service import ConnectionSettings
 
@@ -163,7 +163,7 @@ class Listener:
             if self.table.total == 0 and not self._stop.is_set():
                 # the last client left: after the engine thread's queued work (its documents' close),
                 # give the C heap's freed pages back (glibc keeps a peak's KV and activations per arena)
-                self.host.submit(trim_heap)
+                self.host.submit(release_freed_memory)
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, closed: asyncio.Event
@@ -223,14 +223,6 @@ class Listener:
             except Exception:
                 log.debug("close failed", exc_info=True)
             log.info("connection from %s closed", address)
-
-
-def trim_heap() -> None:
-    """``malloc_trim(0)``: return free C-heap pages of every arena to the OS (glibc; else a no-op)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 async def _read(reader: asyncio.StreamReader, closed: asyncio.Event, timeout: float | None) -> bytes | None:

@@ -1,0 +1,19 @@
+"""Giving freed memory back to the operating system (stdlib only, so any layer may import it)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+
+def release_freed_memory(collect: bool = False) -> None:
+    """``malloc_trim(0)``: return the C heap's free pages of every arena to the OS (glibc; a no-op
+    elsewhere). ``collect``: run the garbage collector first, so that dropped torch/onnx/ORT objects
+    are freed before the trim. Python's allocator keeps freed blocks for reuse, and glibc keeps freed
+    pages, so without this a process that loaded and dropped a model keeps its peak RSS."""
+    if collect:
+        gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
