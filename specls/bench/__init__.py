@@ -9,6 +9,16 @@ import argparse
 import importlib
 from typing import Any
 
+
+def int_list(text: object) -> tuple[int, ...]:
+    """A comma-separated option as ints (``"64, 32,"`` -> (64, 32)); ValueError on a non-integer.
+
+    >>> int_list("64, 32,")
+    (64, 32)
+    """
+    return tuple(int(x) for x in str(text).split(",") if x.strip())
+
+
 _KINDS = ("decode", "lsp", "team", "gpu", "real", "quant", "fim")
 
 

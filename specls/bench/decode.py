@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specls.bench import int_list
 from specls.decoder.api import CausalLM, KVCache
 
 OURS = ("plain", "lookup", "draft", "hybrid")
@@ -96,7 +97,7 @@ def register(sub: Any) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
-    gammas = tuple(int(g) for g in str(args.gammas).split(",") if g.strip())
+    gammas = int_list(args.gammas)
     return BenchOptions(
         files=args.files,
         n=args.n,

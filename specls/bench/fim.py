@@ -29,7 +29,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from specls.bench import int_list
 from specls.bench.decode import Point, make_points, source_files
+from specls.bench.real import end_of_line  # the stop of a one-line completion
 
 LINE_TOKENS = 48  # a line's budget: longer held-out lines are rare and count as misses
 
@@ -104,11 +106,6 @@ def exact(completion: str, expected: str) -> bool:
     (True, False)
     """
     return completion.split("\n", 1)[0].rstrip() == expected.rstrip()
-
-
-def end_of_line(text: str) -> int | None:
-    nl = text.find("\n")
-    return nl if nl >= 0 else None
 
 
 def tokens_after_cursor(prompt: list[int], order: str | None, suffix_id: int) -> int:
@@ -219,7 +216,7 @@ def register(sub: Any) -> None:
 
 def options_from_args(args: argparse.Namespace) -> FimBenchOptions:
     try:
-        windows = tuple(int(s) for s in str(args.suffix_windows).split(",") if s.strip())
+        windows = int_list(args.suffix_windows)
     except ValueError:
         bad = f"--suffix-windows must be integers (got {args.suffix_windows!r})"
         raise SystemExit(f"specls bench fim: {bad}") from None

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from specls.bench import int_list
 from specls.memory import release_freed_memory
 
 logger = logging.getLogger(__name__)
@@ -166,10 +167,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in str(text).split(",") if x.strip())
-
-
 def options_from_args(args: argparse.Namespace) -> QuantBenchOptions:
     at = None
     if args.embedding_at:
@@ -177,8 +174,8 @@ def options_from_args(args: argparse.Namespace) -> QuantBenchOptions:
         at = (int(block), int(level or 0))
     return QuantBenchOptions(
         fp32=args.fp32,
-        blocks=_ints(args.blocks),
-        levels=_ints(args.levels),
+        blocks=int_list(args.blocks),
+        levels=int_list(args.levels),
         embedding_at=at,
         no_embedding_variant=args.no_embedding_variant,
         threads=max(1, args.threads),

@@ -60,3 +60,19 @@ def test_run_on_the_bundled_model_adds_up() -> None:
         after = float(cells[2])
         # the bundled template is SPM: the prefix ends every prompt except the PSM one's
         assert (after > 0) == cells[0].startswith("psm"), row
+
+
+@pytest.mark.parametrize(
+    ("text", "want"), [("64,32,16", (64, 32, 16)), ("64, 32,", (64, 32)), ("8", (8,)), ("", ())]
+)
+def test_int_list(text: str, want: tuple[int, ...]) -> None:
+    from specls.bench import int_list
+
+    assert int_list(text) == want  # Not ("64", " 32"): ints, spaces and a trailing comma dropped
+
+
+def test_int_list_refuses_a_non_integer() -> None:
+    from specls.bench import int_list
+
+    with pytest.raises(ValueError):
+        int_list("64,x")
