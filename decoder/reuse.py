@@ -30,13 +30,15 @@ class TokenCodec(Detokenizer, Protocol):
 @dataclass
 class PreviousCompletion:
     """A document's last completion: the cursor it answered (``prefix``/``suffix``), everything it
-    generated (``tokens``, before any stop cut) and their visible ``text``."""
+    generated (``tokens``, before any stop cut), their visible ``text``, and why it ended
+    (``stop_reason`` of its decode: "eos", "stop", "max_tokens", "cancelled", ...)."""
 
     prefix: str
     suffix: str
     text: str
     tokens: list[int]
     tokenizer: TokenCodec
+    stop_reason: str = ""
     _offsets: list[int] | None = field(default=None, repr=False)
 
     def offsets(self) -> list[int]:

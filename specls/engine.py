@@ -133,8 +133,7 @@ class _DocState:
     draft_drafter: DraftModelDrafter | None = None  # keeps its own draft KV cache across requests
     lookup_drafter: PromptLookupDrafter | None = None  # keeps its context n-gram index
     planned_drafter: PlannedDrafter | None = None  # the policy over those two
-    last: PreviousCompletion | None = None  # for completion reuse
-    last_reason: str = ""  # why ``last`` ended (its decode's stop reason)
+    last: PreviousCompletion | None = None  # for completion reuse and type-ahead
 
 
 class OnnxEngine:
@@ -336,9 +335,8 @@ class OnnxEngine:
         text = stop.text[: stop.cut] if stop is not None and stop.cut is not None else raw
         if raw:
             state.last = PreviousCompletion(
-                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer
+                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer, out.stop_reason
             )
-            state.last_reason = out.stop_reason
         if key is not None:
             self.completions.store(key, out.tokens, out.stop_reason)
         ran = out.prefill_tokens > 0 or out.target_passes > 0
@@ -381,9 +379,8 @@ class OnnxEngine:
         """A completion answered from the finished-completion cache: zero model calls."""
         if hit.raw:
             state.last = PreviousCompletion(
-                request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer
+                request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer, hit.reason
             )
-            state.last_reason = hit.reason
         self._counters.cache_hit(prompt_tokens)
         return CompletionResult(
             text=hit.text,
@@ -405,7 +402,7 @@ class OnnxEngine:
         last = state.last
         if not self.settings.type_ahead or self.settings.temperature > 0.0 or last is None:
             return None
-        typed = last.typed(request.prefix, request.suffix) if state.last_reason in FINISHED else None
+        typed = last.typed(request.prefix, request.suffix) if last.stop_reason in FINISHED else None
         if not typed:  # None: not typing through it; 0: the same cursor (the completion cache's case)
             return None
         rest = last.text[typed:]
@@ -414,7 +411,7 @@ class OnnxEngine:
         except Exception:  # a broken stop function: let the decode path (which guards it) answer
             logger.exception("stop function failed on a type-ahead text")
             return None
-        if cut is None and state.last_reason != "eos":
+        if cut is None and last.stop_reason != "eos":
             return None  # the model would have gone on after `rest`
         text = rest if cut is None else rest[:cut]
         offsets = last.offsets()  # the tokens that made text: ending after `typed`, starting before its end
