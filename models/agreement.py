@@ -20,6 +20,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -304,11 +305,16 @@ def agreement_of_dirs(
         return None if progress is None else (lambda n: progress(phase, n))
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=spill_dir, prefix=".agreement-") as tmp:
+    spilling = (
+        tempfile.TemporaryDirectory(dir=spill_dir, prefix=".agreement-")
+        if spill_dir is not None
+        else nullcontext(None)
+    )
+    with spilling as tmp:
         if isinstance(reference, (Path, ReferenceGraph)):
             ref_fn = _load_reference(reference, settings)
             windows = [ids for _, ids in agreement_windows(tokenizer.encode, options, fim)]
-            spill = Path(tmp) if spill_dir is not None else None
+            spill = Path(tmp) if tmp is not None else None
             reference = StoredLogits(ref_fn, windows, spill, report("reference"))
             ref_s = time.perf_counter() - t0
             del ref_fn  # the reference session goes before the candidate loads
@@ -319,9 +325,7 @@ def agreement_of_dirs(
         def cand(ids: Sequence[int]) -> np.ndarray:
             return np.asarray(lm.new_cache().forward(list(ids)), dtype=np.float32)  # [n, vocab]
 
-        result = measure_agreement(
-            reference, cand, lm.tokenizer.encode, options, report("candidate"), lm.spec.fim
-        )
+        result = measure_agreement(reference, cand, tokenizer.encode, options, report("candidate"), fim)
     return replace(result, wall_s=time.perf_counter() - t0)  # both passes
 
 
