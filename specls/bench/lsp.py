@@ -312,16 +312,8 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
         "cancelled": tally.cancelled,
         "errors": tally.errors[:5],
         "error_count": len(tally.errors),
-        "keystroke_to_result_ms": {
-            "p50": round(percentile(tally.latency_ms, 50, NAN), 1),
-            "p95": round(percentile(tally.latency_ms, 95, NAN), 1),
-            "n": len(tally.latency_ms),
-        },
-        "keystroke_to_suggestion_ms": {
-            "p50": round(percentile(tally.served_latency_ms, 50, NAN), 1),
-            "p95": round(percentile(tally.served_latency_ms, 95, NAN), 1),
-            "n": len(tally.served_latency_ms),
-        },
+        "keystroke_to_result_ms": _percentiles(tally.latency_ms),
+        "keystroke_to_suggestion_ms": _percentiles(tally.served_latency_ms),
         "through_keystroke_to_result_ms": _percentiles(tally.through_latency_ms),
         "other_keystroke_to_result_ms": _percentiles(tally.other_latency_ms),
         "request_to_result_ms": {
