@@ -124,6 +124,27 @@ class TextStop:
         return True
 
 
+class EarlyStop:
+    """One text stop made of a request's ``stop`` and its ``early_stop``: the earlier cut of the two;
+    ``partial`` records whether the early one cut where ``stop`` would have gone on (or cut later).
+
+    >>> s = EarlyStop(lambda t: None, lambda t: t.find("\\n") if "\\n" in t else None)
+    >>> s("a\\nb"), s.partial
+    (1, True)
+    """
+
+    def __init__(self, stop: Callable[[str], int | None] | None, early: Callable[[str], int | None]) -> None:
+        self._stop = stop
+        self._early = early
+        self.partial = False
+
+    def __call__(self, text: str) -> int | None:
+        full = self._stop(text) if self._stop is not None else None
+        early = self._early(text)
+        self.partial = early is not None and (full is None or early < full)
+        return early if self.partial else full
+
+
 def visible_offsets(tokenizer: Detokenizer, tokens: Sequence[int], text: str) -> list[int]:
     """offsets[i] = characters of visible text made by tokens[:i] (a character split across tokens
     counts once complete), clamped to ``text`` (the visible text of all of them); offsets[-1] ==

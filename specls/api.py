@@ -25,6 +25,12 @@ class CompletionRequest:
     # Text-level stop: called with the completion text so far; returns the length to keep when the
     # completion is finished (e.g. end of line in single-line mode), or None to go on.
     stop: Callable[[str], int | None] | None = None
+    # A stop for a decode only (same contract as ``stop``): when the answer must be decoded it ends
+    # here too, an early partial answer (``CompletionResult.partial``) that a later request without it
+    # completes; the rest of a finished suggestion (type-ahead) and a replayed completion are cut by
+    # ``stop`` first. The server's line-first answers (``ServerSettings.line_first``). Engines that
+    # cannot honour it ignore it.
+    early_stop: Callable[[str], int | None] | None = None
     # Other open buffers (uri -> text) that may be used as prompt context snippets.
     context_docs: tuple[tuple[str, str], ...] = ()
     # Set by a scheduler under load (specls.team): upper bound on the speculation length for this
@@ -47,6 +53,7 @@ class CompletionResult:
     completion_reuse: bool = False  # the previous completion was used as the draft
     cache_hit: bool = False  # answered from the finished-completion LRU, no model call
     type_ahead: bool = False  # the rest of the last suggestion, which the user typed into: no model call
+    partial: bool = False  # cut by the request's early_stop where its stop would have gone on
     provider: str = "cpu"
 
     @property

@@ -50,7 +50,7 @@ from specls.decoder.loop import generate
 from specls.decoder.ngram import common_prefix_len
 from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate
 from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
-from specls.decoder.text import TextStop
+from specls.decoder.text import EarlyStop, TextStop
 from specls.decoder.timed import TimedDrafter
 from specls.engine_batching import EngineBatching
 from specls.engine_stats import EngineCounters
@@ -317,8 +317,11 @@ class OnnxEngine:
         key = CompletionCache.key(prompt.tokens, max_new) if greedy and self.settings.lru_size > 0 else None
         if key is not None:
             hit = self.completions.lookup(key, request.stop)
+            partial = False
+            if hit is None and request.early_stop is not None:
+                hit, partial = self.completions.lookup(key, request.early_stop), True
             if hit is not None:
-                return self._replay(models, state, request, len(prompt.tokens), hit)
+                return self._replay(models, state, request, len(prompt.tokens), hit, partial)
 
         cache = self._prefix_cache(models, state, prompt.tokens)
         kept = cache.length  # prompt tokens whose KV is reused
@@ -326,14 +329,23 @@ class OnnxEngine:
         settings = self._decode_settings(max_new, reuse, request.speculation_cap)
         if settings.gamma_max <= 0:
             drafter, reuse = None, False
-        stop = TextStop(models.tokenizer, request.stop) if request.stop is not None else None
+        early = EarlyStop(request.stop, request.early_stop) if request.early_stop is not None else None
+        text_stop = early if early is not None else request.stop
+        stop = TextStop(models.tokenizer, text_stop) if text_stop is not None else None
         out = self._decode(models, state, cache, prompt, drafter, settings, cancelled, stop)
         if state.planned_drafter is not None:
             state.planned_drafter.end()  # its length teaches the policy the usual completion length
 
         raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
         text = stop.text[: stop.cut] if stop is not None and stop.cut is not None else raw
-        if raw:
+        shown = state.last
+        keep_shown = (  # a decode cancelled at the cursor of the finished suggestion shown keeps that one
+            out.stop_reason == "cancelled"
+            and shown is not None
+            and shown.stop_reason in FINISHED
+            and (shown.prefix, shown.suffix) == (request.prefix, request.suffix)
+        )
+        if raw and not keep_shown:
             state.last = PreviousCompletion(
                 request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer, out.stop_reason
             )
@@ -352,6 +364,7 @@ class OnnxEngine:
             prefix_reused_tokens=reused,
             completion_reuse=reuse,
             cache_hit=False,
+            partial=early is not None and early.partial and out.stop_reason == "stop",
             provider=provider,
         )
 
@@ -375,8 +388,10 @@ class OnnxEngine:
         request: CompletionRequest,
         prompt_tokens: int,
         hit: CacheHit,
+        partial: bool,
     ) -> CompletionResult:
-        """A completion answered from the finished-completion cache: zero model calls."""
+        """A completion answered from the finished-completion cache: zero model calls (``partial``:
+        cut by the request's early stop)."""
         if hit.raw:
             state.last = PreviousCompletion(
                 request.prefix, request.suffix, hit.raw, list(hit.tokens), models.tokenizer, hit.reason
@@ -387,6 +402,7 @@ class OnnxEngine:
             tokens=hit.n_tokens,
             stop_reason=hit.reason,
             cache_hit=True,
+            partial=partial,
             provider=models.provider,
         )
 
@@ -396,8 +412,8 @@ class OnnxEngine:
         """The rest of the document's last finished completion when the cursor has since typed its
         beginning (same suffix), cut by this request's stop; None when that is not the case, leaves
         nothing to show, is over ``max_tokens``, or may be shorter than this request's answer (the last
-        one was cut off by its token budget or another stop, and this request's stop does not cut the
-        rest). Zero model calls: the text is the greedy answer to the prompt that produced it
+        one was cut off by its token budget or another stop, and neither this request's stop nor its
+        early stop cuts the rest). Zero model calls: the text is the greedy answer to the prompt that produced it
         (``EngineSettings.type_ahead``)."""
         last = state.last
         if not self.settings.type_ahead or self.settings.temperature > 0.0 or last is None:
@@ -406,8 +422,12 @@ class OnnxEngine:
         if not typed:  # None: not typing through it; 0: the same cursor (the completion cache's case)
             return None
         rest = last.text[typed:]
+        partial = False
         try:
             cut = request.stop(rest) if request.stop is not None else None
+            if cut is None and last.stop_reason != "eos" and request.early_stop is not None:
+                cut = request.early_stop(rest)  # the early answer: the rest is left to a later request
+                partial = cut is not None
         except Exception:  # a broken stop function: let the decode path (which guards it) answer
             logger.exception("stop function failed on a type-ahead text")
             return None
@@ -422,7 +442,12 @@ class OnnxEngine:
         self._counters.type_ahead()
         reason = "eos" if cut is None else "stop"
         return CompletionResult(
-            text=text, tokens=n, stop_reason=reason, type_ahead=True, provider=models.provider
+            text=text,
+            tokens=n,
+            stop_reason=reason,
+            type_ahead=True,
+            partial=partial,
+            provider=models.provider,
         )
 
     def _prefix_cache(self, models: LoadedModels, state: _DocState, prompt: list[int]) -> KVCache:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
-from specls.decoder.text import IncrementalText, TextStop, visible_offsets, visible_text
+from specls.decoder.text import EarlyStop, IncrementalText, TextStop, visible_offsets, visible_text
 
 
 class Bytes:
@@ -112,3 +112,23 @@ def test_visible_offsets() -> None:
         1,
         2,
     ]  # Not [0, 1, 2, 2]: "é" counts once complete
+
+
+def _at(ch: str) -> Callable[[str], int | None]:
+    return lambda text: text.index(ch) if ch in text else None
+
+
+@pytest.mark.parametrize(
+    ("stop", "early", "text", "cut", "partial"),
+    [
+        (None, _at("\n"), "ab", None, False),  # neither has cut yet
+        (None, _at("\n"), "a\nb", 1, True),  # only the early one: a partial answer
+        (_at("\n"), _at("\n"), "a\nb", 1, False),  # both at the same point: the whole answer
+        (_at("("), _at("\n"), "a(\nb", 1, False),  # the stop first: whole, not partial
+        (_at("\n"), _at("("), "a\nb(", 1, False),  # Not 3: the stop cuts earlier than the early one
+        (_at("b"), _at("\n"), "a\nb", 1, True),  # the stop cuts later (2): the early cut is partial
+    ],
+)
+def test_early_stop_takes_the_earlier_cut(stop, early, text, cut, partial):
+    s = EarlyStop(stop, early)
+    assert s(text) == cut and s.partial is partial

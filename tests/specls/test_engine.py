@@ -417,6 +417,60 @@ def test_type_ahead_only_when_the_rest_is_the_whole_answer() -> None:
     assert not cut.complete(req).type_ahead  # the cancelled completion was never shown
 
 
+def early_case(models: LoadedModels) -> tuple[str, str, CompletionRequest]:
+    """The whole answer at POINTS[1], a character of it whose first occurrence is at least 6 in (the
+    early stop cuts before it) and the request with that early stop and no stop."""
+    whole = OnnxEngine(EngineSettings(), models).complete(request(POINTS[1], max_tokens=48)).text
+    ch = next(c for i, c in enumerate(whole) if i >= 6 and whole.index(c) == i)
+    return whole, ch, replace(request(POINTS[1], max_tokens=48), early_stop=stop_before(ch))
+
+
+def test_early_stop_answers_the_beginning_and_a_request_without_it_the_rest_exactly() -> None:
+    models = fake_models(allow_eos=False)
+    whole, ch, req = early_case(models)
+    engine = OnnxEngine(EngineSettings(), models)
+    early = engine.complete(req)
+    assert early.partial and early.text == whole[: whole.index(ch)] and early.stop_reason == "stop"
+    rest = engine.complete(replace(req, early_stop=None))  # the background block, same cursor
+    assert not rest.partial and rest.text == whole and rest.completion_reuse  # Not the early cut
+    assert engine.last_tokens == reference(models, engine, 48)
+    again = engine.complete(req)  # with the early stop again: the whole answer is known now
+    assert again.cache_hit and not again.partial and again.text == whole  # Not whole[:whole.index(ch)]
+    cut = replace(req, stop=stop_before(ch))  # the stop itself cuts there: a whole answer, not partial
+    assert not OnnxEngine(EngineSettings(), models).complete(cut).partial
+
+
+def test_early_stop_type_ahead_and_replay_without_a_model_call() -> None:
+    models = fake_models(allow_eos=False)
+    whole, ch, req = early_case(models)
+    engine = OnnxEngine(EngineSettings(), models)
+    early = engine.complete(req)
+    target = models.target
+    assert isinstance(target, FakeLM)
+    calls = target.counter.calls
+    typed = replace(req, prefix=req.prefix + early.text[:2])
+    ahead = engine.complete(typed)  # typing into the early answer: its rest, cut by the early stop
+    assert ahead.type_ahead and ahead.partial and ahead.text == early.text[2:]
+    replay = engine.complete(req)  # the same cursor again: the early answer from the cache
+    assert replay.cache_hit and replay.partial and replay.text == early.text
+    assert target.counter.calls == calls  # Not a prefill + verify pass
+    assert not engine.complete(replace(typed, early_stop=None)).type_ahead  # the rest is not known
+
+
+def test_a_cancelled_block_keeps_the_shown_early_answer_for_type_ahead() -> None:
+    models = fake_models(allow_eos=False)
+    whole, ch, req = early_case(models)
+    engine = OnnxEngine(EngineSettings(), models)
+    early = engine.complete(req)
+    for k in range(3, 48):  # preempted by the next keystroke, late enough to have made tokens
+        block = engine.complete(replace(req, early_stop=None), cancelled=partial(late, iter(range(1000)), k))
+        if block.cancelled and block.tokens > 0:
+            break
+    assert block.cancelled and block.tokens > 0
+    ahead = engine.complete(replace(req, prefix=req.prefix + early.text[:2]))
+    assert ahead.type_ahead and ahead.text == early.text[2:]  # Not a decode: the early answer is kept
+
+
 def test_completion_reuse_then_regular_drafting_is_exact() -> None:
     """The new request wants more than the old suggestion had: reuse first, then lookup/draft."""
     models = fake_models(allow_eos=False)
