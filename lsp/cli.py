@@ -63,6 +63,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         updates["speculation"] = False
     if args.no_type_ahead:
         updates["type_ahead"] = False
+    if args.no_line_first:
+        updates["line_first"] = False
     if args.threads is not None:
         updates["threads"] = args.threads
     if args.max_tokens is not None:
@@ -261,6 +263,11 @@ def register(sub: Any) -> None:
         "--no-type-ahead",
         action="store_true",
         help="decode again on every keystroke typed into a suggestion (default: show the rest of it)",
+    )
+    serve.add_argument(
+        "--no-line-first",
+        action="store_true",
+        help="in a multi-line context wait for the whole block (default: the first line first)",
     )
     serve.add_argument("--threads", type=int, metavar="N", help="onnxruntime intra-op threads")
     serve.add_argument("--max-tokens", type=int, metavar="N", help="tokens per completion (default 64)")

@@ -291,6 +291,24 @@ def _stop_point(ctx: CursorContext, text: str) -> int | None:
     return min(stops) if stops else None
 
 
+def first_line_point(ctx: CursorContext, text: str) -> int | None:
+    """Where a line-first answer ends (``ServerSettings.line_first``): at the first line break after
+    a line with code on it where the completion's own brackets and strings are closed; None until
+    then. ``"\\n    return x\\n"`` -> 13 (the line break after ``return x``; the one before it ends
+    the cursor's line); ``"f(a,\\n  b)\\n"`` -> 9, not 4 (the call is still open at the first break)."""
+    scan = _Scanner(ctx.open_brackets, ctx.open_quote, ctx.comment)
+    content = False
+    for i, ch in enumerate(text):
+        if ch in "\r\n":
+            if content and scan.depth <= 0 and not scan.in_string:
+                return i
+            scan.feed(ch)
+            continue
+        scan.feed(ch)
+        content = content or not ch.isspace()
+    return None
+
+
 _LOOP = re.compile(r"([^\r\n]{2,24}?)\1{3}")  # a unit of 2-24 characters, then 3 more copies of it
 
 

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -37,7 +37,14 @@ from pygls.protocol import LanguageServerProtocol, default_converter
 from pygls.protocol.json_rpc import RPCNotification, RPCRequest
 from pygls.protocol.language_server import lsp_method
 from specls.lsp.documents import Document, DocumentStore, sanitize, window
-from specls.lsp.postprocess import Completion, finalize, lf_breaks, make_context, stop_point
+from specls.lsp.postprocess import (
+    Completion,
+    finalize,
+    first_line_point,
+    lf_breaks,
+    make_context,
+    stop_point,
+)
 from specls.lsp.settings import ServerSettings, parse_settings
 
 from specls.api import CompletionRequest, CompletionResult, Engine, ResultTotals
@@ -56,6 +63,10 @@ CONTEXT_DOCS = 4  # other open buffers passed as context
 CONTEXT_DOC_CHARS = 32_000
 LATENCY_WINDOW = 2000  # latency samples kept for percentiles
 COMPLETION_TRIGGERS = [".", "(", "[", "{", ",", ":", "="]
+# A line-first answer's block is decoded after this long without a request or an edit: longer than the
+# gap between the keystrokes of someone typing (40-220 ms in `specls bench lsp`), so a burst of typing
+# does not start (and preempt) a block decode per key.
+CONTINUE_AFTER_S = 0.3
 COMPLETION_REQUESTS = (types.InlineCompletionRequest, types.CompletionRequest)
 CursorParams = types.InlineCompletionParams | types.CompletionParams
 
@@ -96,6 +107,9 @@ class Counters:
     accepted: int = 0
     shown: int = 0
     tokens_wasted: int = 0  # generated for results that were cancelled or stale
+    continuations: int = 0  # blocks decoded in the background after a line-first answer
+    continued: int = 0  # ... that finished
+    continuations_preempted: int = 0  # ... that a request or an edit stopped
     results: ResultTotals = field(default_factory=ResultTotals)  # every result that came back
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     keystroke_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
@@ -125,6 +139,7 @@ class EngineHost:
         self._lock = threading.Lock()
         self._load: concurrent.futures.Future[None] | None = None
         self._progress_listeners: list[Callable[[str, float], None]] = []
+        self._background: Job | None = None  # the queued or running background work (one at a time)
 
     @property
     def ready(self) -> bool:
@@ -175,6 +190,20 @@ class EngineHost:
 
     def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         return self.executor.submit(fn)
+
+    def submit_background(self, job: Job, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Work no request waits for (a line-first answer's block), cancelled through ``job`` by
+        ``preempt``; one at a time (submitting preempts the previous one). Event loop thread only."""
+        self.preempt()
+        self._background = job
+        return self.executor.submit(fn)
+
+    def preempt(self) -> None:
+        """A request or an edit came: cancel the background work (a running decode stops at its next
+        target pass, so the request waits for one pass at most). Event loop thread only."""
+        job, self._background = self._background, None
+        if job is not None:
+            job.cancel("preempted")
 
     def stats(self) -> dict[str, object]:
         try:
@@ -338,6 +367,7 @@ class Session:
         self._progress_token: str | None = None
         self.closed = False
         self.team_engine: Any = None  # team mode: this client's fair-scheduled engine view
+        self._continuation: object | None = None  # the line-first block waiting for a pause
 
     # ------------------------------------------------------------------ helpers
     def doc_id(self, uri: str) -> str:
@@ -454,6 +484,8 @@ class Session:
             self.show(f"specls: the model could not be loaded: {self.host.error}", types.MessageType.Error)
 
     def shutdown(self) -> None:
+        self._continuation = None
+        self.host.preempt()
         for job in self.jobs.values():
             job.cancel("shutdown")
 
@@ -484,6 +516,8 @@ class Session:
 
     def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
+        self._continuation = None
+        self.host.preempt()
         job = self.jobs.get(uri)
         if job is not None:
             job.cancel("changed")
@@ -497,6 +531,8 @@ class Session:
 
     def did_close(self, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
+        self._continuation = None
+        self.host.preempt()
         job = self.jobs.pop(uri, None)
         if job is not None:
             job.cancel("closed")
@@ -544,6 +580,8 @@ class Session:
         """A completion request was just received (called before its handler runs, in message
         order): snapshot its document and make it the document's newest request."""
         uri = params.text_document.uri
+        self._continuation = None
+        self.host.preempt()
         previous = self.jobs.get(uri)
         if previous is not None:
             previous.cancel("superseded")
@@ -645,6 +683,7 @@ class Session:
         prefix = sanitize(text[max(0, offset - PREFIX_CHARS) : offset])
         suffix = sanitize(text[offset : offset + SUFFIX_CHARS])
         ctx = make_context(prefix, suffix, self.settings.multiline, doc.language_id)
+        line_first = ctx.multiline and self.settings.line_first
         others = tuple(
             (self.doc_id(d.uri), sanitize(window(d.text, d.last_edit, CONTEXT_DOC_CHARS)))
             for d in self.store.others(doc.uri, CONTEXT_DOCS)
@@ -656,6 +695,7 @@ class Session:
             max_tokens=self.settings.max_tokens,
             language=doc.language_id,
             stop=partial(stop_point, ctx),
+            early_stop=partial(first_line_point, ctx) if line_first else None,
             context_docs=others,
         )
         submit = self.host.team.submit if self.team_engine is not None else self.host.submit
@@ -671,7 +711,41 @@ class Session:
             counters.tokens_wasted += result.tokens
             return None
         # no await from here to the answer: the document the answer is positioned against is current
+        if result.partial and self.team_engine is None:
+            self._continue_later(doc, job, replace(request, early_stop=None))
         return finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
+
+    def _continue_later(self, doc: Document, job: Job, request: CompletionRequest) -> None:
+        """After a line-first answer: decode its whole block (``request``: the same cursor, without
+        the early stop) once nothing happened for CONTINUE_AFTER_S, in the background. It is the
+        engine's last completion when it finishes, so accepting or typing into the line shows the
+        rest of the block by type-ahead, and asking again at the cursor replays it; a request or an
+        edit preempts it."""
+        token = object()
+        self._continuation = token
+        loop = asyncio.get_running_loop()
+        loop.call_later(CONTINUE_AFTER_S, self._continue, token, doc, job.params, request)
+
+    def _continue(
+        self, token: object, doc: Document, params: CursorParams, request: CompletionRequest
+    ) -> None:
+        if self._continuation is not token or self.closed or self.changed_since(doc):
+            return  # a request or an edit came meanwhile
+        self._continuation = None
+        job = Job(doc.uri, None, params, doc, started=time.monotonic())
+        self.host.counters.continuations += 1
+        future = self.host.submit_background(job, partial(self._generate, request, job))
+        loop = asyncio.get_running_loop()
+        future.add_done_callback(lambda f: post_to_loop(loop, self._continued, f))
+
+    def _continued(self, future: concurrent.futures.Future[CompletionResult | None]) -> None:
+        counters = self.host.counters
+        result = None if future.cancelled() or future.exception() is not None else future.result()
+        if result is None or result.cancelled or result.stop_reason == "error":
+            counters.continuations_preempted += 1
+            counters.tokens_wasted += result.tokens if result is not None else 0
+        else:
+            counters.continued += 1
 
     def _account(self, future: concurrent.futures.Future[CompletionResult | None], job: Job) -> None:
         counters = self.host.counters

@@ -37,6 +37,10 @@ class ServerSettings:
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
     multiline: str = "auto"  # auto | always | never
+    # in a multi-line context, answer with the first line as soon as it is decoded; the rest of the
+    # block is decoded once the user pauses, and shows when they accept or type into the line (off:
+    # wait for the whole block; on a CPU that is several seconds of a 1.5B model after every Enter)
+    line_first: bool = True
     team_token: str = ""  # for the team service (unused by the local server)
     log_level: str = "warning"  # error | warning | info | debug (logs go to stderr)
 
@@ -108,7 +112,7 @@ def _convert(name: str, value: Any) -> Any:
         return _as_int(value, 0, 256)
     if name == "debounce_ms":
         return _as_int(value, 0, 5000)
-    if name in ("speculation", "draft_model", "type_ahead"):
+    if name in ("speculation", "draft_model", "type_ahead", "line_first"):
         return _as_bool(value)
     if name == "languages":
         return _as_languages(value)

@@ -393,6 +393,8 @@ def _run(args: argparse.Namespace) -> int:
         server.append("--no-speculation")
     if args.no_type_ahead:
         server.append("--no-type-ahead")
+    if args.no_line_first:
+        server.append("--no-line-first")
     settings = LspBenchSettings(
         files=args.files,
         chars=args.chars,
@@ -429,6 +431,7 @@ def register(kinds: Any) -> None:
     p.add_argument("--no-draft", action="store_true")
     p.add_argument("--no-speculation", action="store_true")
     p.add_argument("--no-type-ahead", action="store_true", help="the server decodes every keystroke again")
+    p.add_argument("--no-line-first", action="store_true", help="the server waits for whole blocks")
     p.add_argument(
         "--wait-at-line-end",
         action="store_true",

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from specls.lsp.postprocess import Completion, finalize, make_context, stop_point
+from specls.lsp.postprocess import Completion, finalize, first_line_point, make_context, stop_point
 
 # (prefix, suffix, raw completion, expected finalize result); comment = the wrong answer it guards against
 CASES = [
@@ -211,3 +211,21 @@ def test_streamed_crlf_stops_like_the_whole_text():
         keep = stop_point(ctx, text[:n])
         if keep is not None:
             assert finalize(ctx, text[:keep]) == want, n
+
+
+@pytest.mark.parametrize(
+    ("prefix", "text", "want"),
+    [
+        ("def f(x):\n", "    return x\n    y", 12),  # after the first line
+        ("def f(x):", "\n    return x\n", 13),  # Not 0: the break before it ends the cursor's line
+        ("def f(x):\n", "    return x", None),  # the line is not finished yet
+        ("x = [\n", "    1,\n    2]\n", 6),  # inside the cursor's own bracket: its lines are lines
+        ("def f(x):\n", "    g(a,\n      b)\n", 17),  # Not 8: the call it opened is still open
+        ("def f(x):\n", '    """Doc\n    more"""\nx', 22),  # Not 10: inside a docstring
+        ("def f(x):\n", "    x = 1  # a (\ny", 16),  # a bracket in a comment opens nothing
+        ("def f(x):\n", "  \n\n    y = 1\r\nz", 13),  # blank lines first; \r\n cut before the \r
+    ],
+)
+def test_first_line_point(prefix, text, want):
+    ctx = make_context(prefix, "", "always")
+    assert first_line_point(ctx, text) == want

@@ -11,10 +11,11 @@ import pytest
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 from specls.lsp.cli import fetch_stats, make_engine
-from specls.lsp.postprocess import finalize, make_context, stop_point
+from specls.lsp.postprocess import finalize, first_line_point, make_context, stop_point
 from specls.lsp.settings import ServerSettings
 
 from specls.api import CompletionRequest
+from specls.engine import OnnxEngine
 
 from .lsp_helpers import (
     SPECLS,
@@ -71,21 +72,28 @@ class Reference:
     same models, computed in this process."""
 
     def __init__(self) -> None:
-        self.engine = make_engine(ServerSettings(threads=1, speculation=False))
-        self.engine.load()
-        self.open: set[str] = set()
+        engine = make_engine(ServerSettings(threads=1, speculation=False))
+        assert isinstance(engine, OnnxEngine)
+        engine.load()
+        self.engine = engine
 
-    def answer(self, text: str, offset: int, uri: str = URI) -> str | None:
-        for other in self.open - {uri}:  # the server under test has only ``uri`` open
-            self.engine.close_document(other)
-        self.open = {uri}
-        self.engine.update_document(uri, text)
+    def answer(self, text: str, offset: int, uri: str = URI, line_first: bool = True) -> str | None:
+        # a fresh engine on the loaded models: a block another answer decoded at this cursor would
+        # be replayed whole (as the server would), and the answer must not depend on their order
+        engine = self.engine.with_settings(self.engine.settings)
+        engine.update_document(uri, text)
         prefix, suffix = text[:offset], text[offset:]
         ctx = make_context(prefix, suffix)
+        early = partial(first_line_point, ctx) if line_first and ctx.multiline else None
         request = CompletionRequest(
-            doc_id=uri, prefix=prefix, suffix=suffix, max_tokens=24, stop=partial(stop_point, ctx)
+            doc_id=uri,
+            prefix=prefix,
+            suffix=suffix,
+            max_tokens=24,
+            stop=partial(stop_point, ctx),
+            early_stop=early,
         )
-        result = self.engine.complete(request)
+        result = engine.complete(request)
         done = finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
         return None if done is None else done.text
 
@@ -95,12 +103,12 @@ def reference() -> Reference:
     return Reference()
 
 
-def expected_completions(reference: Reference) -> dict[tuple[int, int], str | None]:
+def expected_completions(reference: Reference, line_first: bool = True) -> dict[tuple[int, int], str | None]:
     lines = SOURCE.split("\n")
     out: dict[tuple[int, int], str | None] = {}
     for line, char in CURSORS:
         offset = sum(len(x) + 1 for x in lines[:line]) + char
-        out[(line, char)] = reference.answer(SOURCE, offset)
+        out[(line, char)] = reference.answer(SOURCE, offset, line_first=line_first)
     return out
 
 
@@ -109,8 +117,13 @@ def expected(reference: Reference) -> dict[tuple[int, int], str | None]:
     return expected_completions(reference)
 
 
-async def test_real_completion_over_stdio(expected):
-    async with stdio_client(serve_cmd(), env()) as (client, init):
+@pytest.mark.parametrize("line_first", [True, False])
+async def test_real_completion_over_stdio(reference, line_first):
+    expected = expected_completions(reference, line_first)
+    if line_first:  # Not the blocks: a line-first answer stops at its first line
+        assert expected != expected_completions(reference, line_first=False)
+    flags = () if line_first else ("--no-line-first",)
+    async with stdio_client(serve_cmd(*flags), env()) as (client, init):
         assert init is not None and init.capabilities.inline_completion_provider is not None
         await wait_state(client, ("ready", "failed"))
         s = await stats(client)

@@ -1,0 +1,150 @@
+"""Line-first answers (``ServerSettings.line_first``) in one in-process session on the bundled
+models: the first line at once, the whole block decoded in the background once nothing happens, and
+any request or edit preempting that background decode."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from lsprotocol import types
+from specls.lsp import server as server_module
+from specls.lsp.server import EngineHost, Job, Session, SpeclsServer, create_server
+from specls.lsp.settings import ServerSettings
+
+from specls.engine import EngineSettings, OnnxEngine
+
+from .lsp_helpers import inline_params
+from .test_server_real import SOURCE, URI, Reference
+
+CURSOR = (19, 15)  # after "return " at the end of the file: a multi-line context
+
+
+@pytest.fixture(scope="module")
+def reference() -> Reference:
+    return Reference()
+
+
+def offset_of(line: int, char: int) -> int:
+    return sum(len(x) + 1 for x in SOURCE.split("\n")[:line]) + char
+
+
+def open_session(line_first: bool = True) -> tuple[Session, EngineHost]:
+    engine = OnnxEngine(EngineSettings(threads=1))
+    host = EngineHost(engine)
+    host.start_load().result(120)
+    server = create_server(ServerSettings(max_tokens=24, line_first=line_first), engine, host=host)
+    assert isinstance(server, SpeclsServer)
+    session = server.session
+    item = types.TextDocumentItem(uri=URI, language_id="python", version=1, text=SOURCE)
+    session.did_open(types.DidOpenTextDocumentParams(text_document=item))
+    return session, host
+
+
+async def ask(session: Session, msg_id: int, line: int, char: int) -> str | None:
+    params = inline_params(URI, line, char)
+    session.request_arrived(msg_id, params)
+    got = await session.complete(params)
+    return None if got is None else got[0].text
+
+
+async def until(check, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_first_line_then_the_block_once_idle(reference, monkeypatch):
+    monkeypatch.setattr(server_module, "CONTINUE_AFTER_S", 0.01)
+    first_line = reference.answer(SOURCE, offset_of(*CURSOR))
+    block = reference.answer(SOURCE, offset_of(*CURSOR), line_first=False)
+    assert first_line and block and "\n" in block and block.startswith(first_line)  # Not one line
+    session, host = open_session()
+    try:
+        counters = host.counters
+        assert await ask(session, 1, *CURSOR) == first_line  # the plain greedy answer, cut at its line
+        await until(lambda: counters.continued == 1)
+        assert counters.continuations == 1 and counters.continuations_preempted == 0
+        # asked again at the cursor (or the line accepted): the whole block, not decoded again
+        assert await ask(session, 2, *CURSOR) == block
+        assert counters.continuations == 1  # Not another background decode: the answer was whole
+    finally:
+        host.close()
+
+
+async def test_a_request_before_the_pause_means_no_background_decode(reference, monkeypatch):
+    monkeypatch.setattr(server_module, "CONTINUE_AFTER_S", 0.5)
+    session, host = open_session()
+    try:
+        assert await ask(session, 1, *CURSOR) == reference.answer(SOURCE, offset_of(*CURSOR))
+        params = inline_params(URI, 8, 15)  # mid-line: a one-line context, no block of its own
+        session.request_arrived(2, params)  # within the pause: the block for (19, 15) never starts
+        await session.complete(params)
+        await asyncio.sleep(0.6)
+        assert host.counters.continuations == 0
+    finally:
+        host.close()
+
+
+async def test_line_first_off_waits_for_the_block(reference):
+    session, host = open_session(line_first=False)
+    try:
+        assert await ask(session, 1, *CURSOR) == reference.answer(
+            SOURCE, offset_of(*CURSOR), line_first=False
+        )
+        await asyncio.sleep(0.5)
+        assert host.counters.continuations == 0
+    finally:
+        host.close()
+
+
+def test_preempt_cancels_the_background_work_and_only_it():
+    host = EngineHost(OnnxEngine(EngineSettings()))
+    try:
+        started = threading.Event()
+        background = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+
+        def work() -> str:
+            started.set()
+            return "preempted" if background.event.wait(30) else "ran out"
+
+        future = host.submit_background(background, work)
+        assert started.wait(30)
+        host.preempt()
+        assert future.result(30) == "preempted" and background.reason == "preempted"
+        host.preempt()  # nothing left to cancel: a no-op
+        second = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+        host.submit_background(second, lambda: None).result(30)
+        third = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+        host.submit_background(third, lambda: None).result(30)
+        assert second.cancelled and not third.cancelled  # one at a time: the newest replaces the last
+    finally:
+        host.close()
+
+
+@pytest.mark.parametrize("event", ["request", "edit", "close"])
+def test_a_request_an_edit_or_a_close_preempts_the_background_decode(event):
+    session, host = open_session()
+    try:
+        background = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+        host.submit_background(background, lambda: None).result(30)
+        if event == "request":
+            session.request_arrived(1, inline_params(URI, 1, 0))
+        elif event == "edit":
+            change = types.TextDocumentContentChangeWholeDocument(text=SOURCE + "x")
+            session.did_change(
+                types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2),
+                    content_changes=[change],
+                )
+            )
+        else:
+            session.did_close(
+                types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=URI))
+            )
+        assert background.cancelled and background.reason == "preempted"
+    finally:
+        host.close()
