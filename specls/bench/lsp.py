@@ -334,6 +334,9 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
                 "tokens_wasted",
                 "cancelled",
                 "stale_dropped",
+                "continuations",
+                "continued",
+                "continuations_preempted",
                 "empty",
                 "latency_ms",
                 "keystroke_to_result_ms",
@@ -372,6 +375,10 @@ def _print(report: dict[str, Any]) -> None:
     print(
         f"server: tokens generated {srv['tokens_generated']}  wasted by cancellation {srv['tokens_wasted']}  "
         f"cancelled {srv['cancelled']}  stale dropped {srv['stale_dropped']}"
+    )
+    print(
+        f"server: line-first blocks decoded in the background {srv.get('continuations')}  "
+        f"finished {srv.get('continued')}  preempted {srv.get('continuations_preempted')}"
     )
     eng = report.get("engine") or {}
     if "latency_ms_p50" in eng:
