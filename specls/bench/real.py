@@ -353,13 +353,31 @@ class HfGguf:
         self.draft = load(gguf_draft)
 
     def run(self, method: str, prompt: list[int], max_new: int, eos: list[int], task: str, tok: Any) -> Run:
+        from transformers import StoppingCriteriaList
+
         kwargs: dict[str, Any] = {"assistant_model": self.draft} if method == "hf-assisted" else {}
         if task == "short":
-            kwargs["stop_strings"] = ["\n"]
-            kwargs["tokenizer"] = tok
+            # a stopping criterion, not stop_strings: assisted generate hands stop strings on to the
+            # assistant's own generate without the tokenizer, which raises (transformers 5.24)
+            kwargs["stopping_criteria"] = StoppingCriteriaList([_LineEnd(tok, len(prompt), self.torch)])
         tokens, ms = hf_greedy(self.target, prompt, max_new, eos, **kwargs)
+        if task == "short":  # assisted generate stops after the pass that made the line break: cut there
+            end = next((i + 1 for i in range(len(tokens)) if "\n" in tok.decode(tokens[: i + 1])), None)
+            tokens = tokens[:end]
         # generate reports no pass count or prefill split: end-to-end only
         return Run(tokens, ms, 0.0, ms, 0)
+
+
+class _LineEnd:
+    """A transformers stopping criterion: the generated text (after ``start`` prompt tokens) has a
+    line break."""
+
+    def __init__(self, tok: Any, start: int, torch: Any) -> None:
+        self.tok, self.start, self.torch = tok, start, torch
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        text = self.tok.decode(input_ids[0, self.start :].tolist())
+        return self.torch.full((input_ids.shape[0],), "\n" in text, dtype=self.torch.bool)
 
 
 def _hf_tokenizer(gguf_target: str) -> Any:
