@@ -1,0 +1,80 @@
+"""What one ONNX Runtime MatMulNBits costs per pass size on this CPU: a [M, K] x [K, N] product with
+random weights quantized by onnxruntime's MatMulNBitsQuantizer (4 and 8 bits, accuracy_level 0 and
+4), next to the fp32 MatMul, for M = 1, 2, 4, 8, 16 rows (the tokens of a verify pass); and whether
+each row's output equals the one-row pass's (max |difference|).
+
+    .venv/bin/python scripts/matmulnbits_rows.py                  # K=1536, N=8960: the 1.5B's MLP
+    .venv/bin/python scripts/matmulnbits_rows.py --k 8960 --n 1536 --threads 2
+
+A diagnostic (run it on an otherwise idle machine), not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+ROWS = (1, 2, 4, 8, 16)
+
+
+def fp32_model(k: int, n: int, rng: np.random.Generator) -> ModelProto:
+    w = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "W"], ["Y"])], "g", [a], [y], [numpy_helper.from_array(w, "W")]
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def measure(model: ModelProto, label: str, k: int, threads: int, rng: np.random.Generator) -> None:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((max(ROWS), k)).astype(np.float32)
+    one_row = np.concatenate([session.run(None, {"A": x[i : i + 1]})[0] for i in range(max(ROWS))])
+    cells, drift = [], 0.0
+    for m in ROWS:
+        feed = {"A": x[:m]}
+        for _ in range(3):
+            out = session.run(None, feed)[0]
+        drift = max(drift, float(np.abs(out - one_row[:m]).max()))
+        runs = 30
+        t0 = time.perf_counter()
+        for _ in range(runs):
+            session.run(None, feed)
+        cells.append(f"M{m} {(time.perf_counter() - t0) / runs * 1e3:6.2f}")
+    print(f"{label:18s} ms: {'  '.join(cells)}   rows vs one-row passes: max |d| {drift:.1e}", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--k", type=int, default=1536)
+    p.add_argument("--n", type=int, default=8960)
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    logging.disable(logging.INFO)  # the quantizer logs every node
+    rng = np.random.default_rng(0)
+    base = fp32_model(args.k, args.n, rng)
+    measure(base, "fp32 MatMul", args.k, args.threads, rng)
+    for bits in (4, 8):
+        for level in (0, 4):
+            config = DefaultWeightOnlyQuantConfig(
+                block_size=args.block, is_symmetric=True, accuracy_level=level, bits=bits
+            )
+            quantizer = MatMulNBitsQuantizer(copy.deepcopy(base), algo_config=config)  # it edits in place
+            quantizer.process()
+            measure(quantizer.model.model, f"{bits}-bit level {level}", args.k, args.threads, rng)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
