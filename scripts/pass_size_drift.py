@@ -37,7 +37,8 @@ def main() -> int:
     p.add_argument("--prompt", type=int, default=40, help="prompt tokens")
     p.add_argument("--new", type=int, default=4, help="tokens fed after the prompt")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--show", type=int, default=12, help="nodes to print after the first that drifts")
+    p.add_argument("--show", type=int, default=12, help="nodes to print from the first that drifts")
+    p.add_argument("--min-drift", type=float, default=1e-6, help="what counts as drifting")
     args = p.parse_args()
 
     model = onnx.load(args.model)
@@ -87,7 +88,7 @@ def main() -> int:
     for op, name in watched:
         a, b = last_row(together[name]), last_row(alone[name])
         drift = float(np.abs(a - b).max() / max(float(np.abs(b).max()), 1e-12))
-        if shown < 0 and drift > 1e-5:
+        if shown < 0 and drift > args.min_drift:
             shown = 0
         if 0 <= shown < args.show:
             print(f"{op:34s} {name:16s} relative drift {drift:.2e}")
