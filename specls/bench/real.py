@@ -360,10 +360,9 @@ class HfGguf:
             # a stopping criterion, not stop_strings: assisted generate hands stop strings on to the
             # assistant's own generate without the tokenizer, which raises (transformers 5.24)
             kwargs["stopping_criteria"] = StoppingCriteriaList([_LineEnd(tok, len(prompt), self.torch)])
+        # assisted generate stops after the pass that made the line break: _one_point's cut_at_newline
+        # trims the tokens past it, as it does llama-server's
         tokens, ms = hf_greedy(self.target, prompt, max_new, eos, **kwargs)
-        if task == "short":  # assisted generate stops after the pass that made the line break: cut there
-            end = next((i + 1 for i in range(len(tokens)) if "\n" in tok.decode(tokens[: i + 1])), None)
-            tokens = tokens[:end]
         # generate reports no pass count or prefill split: end-to-end only
         return Run(tokens, ms, 0.0, ms, 0)
 
