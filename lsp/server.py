@@ -370,6 +370,12 @@ class Session:
         self._continuation: object | None = None  # the line-first block waiting for a pause
 
     # ------------------------------------------------------------------ helpers
+    def _preempt_background(self) -> None:
+        """A request, an edit, a close or a shutdown: no line-first block starts after the pause, and
+        a running one stops."""
+        self._continuation = None
+        self.host.preempt()
+
     def doc_id(self, uri: str) -> str:
         return f"{self.doc_prefix}{uri}"
 
@@ -484,8 +490,7 @@ class Session:
             self.show(f"specls: the model could not be loaded: {self.host.error}", types.MessageType.Error)
 
     def shutdown(self) -> None:
-        self._continuation = None
-        self.host.preempt()
+        self._preempt_background()
         for job in self.jobs.values():
             job.cancel("shutdown")
 
@@ -516,8 +521,7 @@ class Session:
 
     def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
-        self._continuation = None
-        self.host.preempt()
+        self._preempt_background()
         job = self.jobs.get(uri)
         if job is not None:
             job.cancel("changed")
@@ -531,8 +535,7 @@ class Session:
 
     def did_close(self, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
-        self._continuation = None
-        self.host.preempt()
+        self._preempt_background()
         job = self.jobs.pop(uri, None)
         if job is not None:
             job.cancel("closed")
@@ -580,8 +583,7 @@ class Session:
         """A completion request was just received (called before its handler runs, in message
         order): snapshot its document and make it the document's newest request."""
         uri = params.text_document.uri
-        self._continuation = None
-        self.host.preempt()
+        self._preempt_background()
         previous = self.jobs.get(uri)
         if previous is not None:
             previous.cancel("superseded")
