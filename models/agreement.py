@@ -34,6 +34,7 @@ from specls.models.spec import LOGITS_TO_KEEP, ModelSpec
 from specls.memory import release_freed_memory
 
 if TYPE_CHECKING:
+    from specls.decoder.api import CausalLM
     from specls.models.runtime import RuntimeSettings
 
 log = logging.getLogger(__name__)
@@ -234,6 +235,15 @@ class StoredLogits:
         return np.load(held, allow_pickle=False) if isinstance(held, Path) else held
 
 
+def sequence_logits(lm: CausalLM) -> LogitsFn:
+    """ids -> logits [n, vocab] float32 of a fresh sequence (a new KV cache per call) of a loaded model."""
+
+    def fn(ids: Sequence[int]) -> np.ndarray:
+        return np.asarray(lm.new_cache().forward(list(ids)), dtype=np.float32)  # [n, vocab]
+
+    return fn
+
+
 def graph_logits(graph: Path, spec: ModelSpec, threads: int) -> LogitsFn:
     """ids -> logits [n, vocab] of a fresh sequence through ONNX Runtime on one graph file described by
     ``spec`` (no ``specls.json`` needed: the reference graph of an export before it is finished)."""
@@ -320,11 +330,7 @@ def agreement_of_dirs(
             del ref_fn  # the reference session goes before the candidate loads
             release_freed_memory(collect=True)  # the dropped reference session
             log.info("agreement: reference logits of %d windows in %.1f s", len(windows), ref_s)
-        lm = OnnxCausalLM(candidate_dir, settings)
-
-        def cand(ids: Sequence[int]) -> np.ndarray:
-            return np.asarray(lm.new_cache().forward(list(ids)), dtype=np.float32)  # [n, vocab]
-
+        cand = sequence_logits(OnnxCausalLM(candidate_dir, settings))
         result = measure_agreement(reference, cand, tokenizer.encode, options, report("candidate"), fim)
     return replace(result, wall_s=time.perf_counter() - t0)  # both passes
 
@@ -335,12 +341,7 @@ def _load_reference(reference: Path | ReferenceGraph, settings: RuntimeSettings)
         return graph_logits(reference.graph, reference.spec, settings.threads)
     from specls.models.runtime import OnnxCausalLM
 
-    ref_lm = OnnxCausalLM(reference, settings)
-
-    def ref_fn(ids: Sequence[int]) -> np.ndarray:
-        return np.asarray(ref_lm.new_cache().forward(list(ids)), dtype=np.float32)
-
-    return ref_fn
+    return sequence_logits(OnnxCausalLM(reference, settings))
 
 
 __all__ = [
@@ -353,4 +354,5 @@ __all__ = [
     "compare_logits",
     "measure_agreement",
     "graph_logits",
+    "sequence_logits",
 ]

@@ -351,14 +351,15 @@ def _fp32_reference(
 ) -> tuple[Callable[[str], list[int]], Any]:
     """Measure the fp32 dir into ``row`` and fill ``ref_logits`` with its logits of every scored
     window. Returns (tokenize, FIM template) for the variants' agreement."""
-    from specls.models.agreement import measure_agreement
+    from specls.models.agreement import measure_agreement, sequence_logits
 
     ref_lm = measure_speed(opt.fp32, opt, row, ids)
+    logits = sequence_logits(ref_lm)
 
     def ref_fn(x: Sequence[int]) -> np.ndarray:
         key = tuple(x)
         if key not in ref_logits:
-            ref_logits[key] = np.asarray(ref_lm.new_cache().forward(list(x)), dtype=np.float32)
+            ref_logits[key] = logits(x)
         return ref_logits[key]
 
     res = measure_agreement(ref_fn, ref_fn, ref_lm.tokenizer.encode, agree, fim=ref_lm.spec.fim)
@@ -367,7 +368,7 @@ def _fp32_reference(
 
 
 def run_bench(opt: QuantBenchOptions, progress: Callable[[str], None] = lambda m: None) -> list[Row]:
-    from specls.models.agreement import AgreementOptions, measure_agreement
+    from specls.models.agreement import AgreementOptions, measure_agreement, sequence_logits
     from specls.models.export import TOKENIZER_FILE
     from specls.models.quantize import QuantizeOptions, options_for
     from specls.models.spec import load_spec
@@ -428,9 +429,7 @@ def run_bench(opt: QuantBenchOptions, progress: Callable[[str], None] = lambda m
             lm = measure_speed(vdir, opt, row, ids)
             row.greedy_same = common_prefix(row.decoded, fp32.decoded)
 
-            def cand(x: Sequence[int], lm: Any = lm) -> np.ndarray:
-                return np.asarray(lm.new_cache().forward(list(x)), dtype=np.float32)
-
+            cand = sequence_logits(lm)
             progress(f"{v.name}: {row.decode_tok_s:.2f} tok/s decode; agreement")
             res = measure_agreement(ref_cached, cand, tokenize, agree, fim=fim)
             row.top1, row.fim_top1, row.mean_kl = res.top1, res.fim_top1, res.mean_kl
