@@ -98,8 +98,10 @@ class Drafter(Protocol):
 
     ``begin(settings)``: once at the start of each generation (sampling parameters, seed, per-request
     state). ``propose(context, k)``: up to ``k`` token ids continuing ``context`` (the full committed
-    token sequence, prompt included); ``[]`` means no proposal. ``observe(n_accepted)``: how many of
-    the last proposal's tokens the target accepted. ``proposal_probs()``: for sampling mode, the
+    token sequence, prompt included); ``[]`` means no proposal. ``observe(n_accepted, n_verified)``:
+    the target verified the first ``n_verified`` tokens of the last proposal (all of them, unless the
+    rest lay past a stop or an eos, where the loop does not verify) and accepted the first
+    ``n_accepted`` of those. ``proposal_probs()``: for sampling mode, the
     drafter's distributions q for the last proposal ([len(proposal), vocab]), or None for a point mass
     (a deterministic guess such as prompt lookup). ``proposal_sources()``: one name per token of the
     last proposal, the sub-drafter that proposed it (a composite drafter reports e.g.
@@ -115,13 +117,52 @@ class Drafter(Protocol):
 
     def propose(self, context: Sequence[int], k: int) -> list[int]: ...
 
-    def observe(self, n_accepted: int) -> None: ...
+    def observe(self, n_accepted: int, n_verified: int) -> None: ...
 
     def proposal_probs(self) -> np.ndarray | None:
         return None
 
     def proposal_sources(self) -> Sequence[str]:
         return ()
+
+
+@runtime_checkable
+class Stop(Protocol):
+    """Ends a decode before its budget (an end of line, a closing bracket...).
+
+    ``stop(tokens)``: asked after every committed token (``tokens``: all generated so far, a list that
+    only grows within one decode); True ends the decode there, that token kept. ``horizon(tokens,
+    draft)``: without side effects, how many of ``draft``'s tokens, committed after ``tokens``, would
+    come before the stop ends the decode, the token that ends it included (``len(draft)`` when none
+    does). The loop verifies no draft token past it: such a token could never be committed.
+    """
+
+    def __call__(self, tokens: list[int]) -> bool: ...
+
+    def horizon(self, tokens: Sequence[int], draft: Sequence[int]) -> int: ...
+
+
+class StopWhen(Stop):
+    """A ``Stop`` from a pure predicate on the generated tokens.
+
+    >>> s = StopWhen(lambda toks: toks[-1] == 0)
+    >>> s([3, 0]), s.horizon([3], [4, 0, 5, 0])   # Not 4: the 5 and the last 0 are never committed
+    (True, 2)
+    """
+
+    def __init__(self, predicate: Callable[[list[int]], bool]) -> None:
+        self._predicate = predicate
+
+    def __call__(self, tokens: list[int]) -> bool:
+        return self._predicate(tokens)
+
+    def horizon(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
+        grown = [int(t) for t in tokens]
+        for i, t in enumerate(draft):
+            grown.append(int(t))
+            if self._predicate(grown):
+                return i + 1
+        return len(draft)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class PromptLookupDrafter(Drafter):
         self._n = len(tokens)
         return tokens
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         pass
 
     def proposal_probs(self) -> np.ndarray | None:
@@ -186,7 +186,7 @@ class DraftModelDrafter(Drafter):
         self._n = len(out)
         return out
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         pass  # the next propose() syncs by common prefix
 
     def proposal_probs(self) -> np.ndarray | None:
@@ -243,12 +243,12 @@ class HybridDrafter(Drafter):
         self._q = point_masses_then(tokens, n_lookup, model_q)
         return tokens
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         n_lookup = self._sources.count(PromptLookupDrafter.name)
         if self.lookup is not None and n_lookup:
-            self.lookup.observe(min(n_accepted, n_lookup))
+            self.lookup.observe(min(n_accepted, n_lookup), min(n_verified, n_lookup))
         if self.model is not None and len(self._sources) > n_lookup:
-            self.model.observe(max(0, n_accepted - n_lookup))
+            self.model.observe(max(0, n_accepted - n_lookup), max(0, n_verified - n_lookup))
 
     def proposal_probs(self) -> np.ndarray | None:
         return self._q

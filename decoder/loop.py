@@ -24,6 +24,7 @@ from specls.decoder.api import (
     Drafter,
     DrafterStats,
     KVCache,
+    Stop,
     never_cancelled,
 )
 from specls.decoder.gamma import GammaController, GammaPolicy
@@ -50,6 +51,18 @@ def _proposal(
     if q is not None and (q.ndim != 2 or q.shape[0] < len(draft)):
         raise ValueError(f"proposal_probs shape {q.shape} does not cover {len(draft)} drafted tokens")
     return draft, (q[: len(draft)] if q is not None else None)
+
+
+def _horizon(draft: list[int], out: list[int], eos_ids: frozenset[int], stop: Stop | None) -> int:
+    """Draft tokens worth verifying: through the first eos id or the token at which ``stop`` would end
+    the decode; the ones after could never be committed, and each verified row costs (on a CPU about
+    a fifth of a one-token pass).
+
+    >>> _horizon([4, 2, 5, 6], [], frozenset({2}), None)   # Not 4: 5 and 6 would follow an eos
+    2
+    """
+    n = next((i + 1 for i, t in enumerate(draft) if t in eos_ids), len(draft))
+    return stop.horizon(out, draft[:n]) if stop is not None and n else n
 
 
 def _fit_vocab(q: np.ndarray, vocab: int) -> np.ndarray:
@@ -82,7 +95,7 @@ def generate(
     settings: DecodeSettings,
     eos_ids: frozenset[int],
     cancelled: CancelCheck = never_cancelled,
-    stop: Callable[[list[int]], bool] | None = None,
+    stop: Stop | None = None,
     *,
     clock: Clock = time.perf_counter,
     policy: GammaPolicy = DEFAULT_POLICY,
@@ -95,9 +108,10 @@ def generate(
     rejection sampling with ``np.random.default_rng(settings.seed)``.
 
     Stops: an eos id (not included in tokens), max_new_tokens (never exceeded), ``stop(tokens)`` True
-    (tokens so far included), the decode-phase deadline, ``cancelled()`` (checked before every target
-    pass and between prefill runs of ``settings.prefill_chunk`` tokens; returns the tokens so far, the
-    cache holding the prompt positions computed). ``prefill_tokens`` counts the prompt tokens computed by this call
+    (tokens so far included; no draft token past ``stop.horizon`` or an eos is verified), the
+    decode-phase deadline, ``cancelled()`` (checked before every target pass and between prefill runs
+    of ``settings.prefill_chunk`` tokens; returns the tokens so far, the cache holding the prompt
+    positions computed). ``prefill_tokens`` counts the prompt tokens computed by this call
     (the last one is fed with the first decode pass).
     """
     prompt = [int(t) for t in prompt]
@@ -160,6 +174,8 @@ def generate(
             except Exception:  # speculation is only an optimisation: go on without the drafter
                 log.warning("drafter %s failed; decoding without it", drafter.name, exc_info=True)
                 drafter, draft, q = None, [], None
+        draft = draft[: _horizon(draft, out, eos_ids, stop)]  # nothing past a stop is verified
+        q = q[: len(draft)] if q is not None else None
         t_target = clock()
         base = len(seq) - 1  # the last committed token's position (== target.length but for a tail)
         feed = [*seq[target.length :], *draft]  # [tail..., last committed, *draft]
@@ -178,7 +194,7 @@ def generate(
         result.target_passes += 1
         if draft:
             assert drafter is not None
-            drafter.observe(n_acc)
+            drafter.observe(n_acc, len(draft))
             _record(result, _sources(drafter, len(draft)), n_acc)
             control.observe(len(draft), n_acc, t_target - t_draft, None if tail else t_done - t_target)
         elif not tail:

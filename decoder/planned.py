@@ -142,9 +142,10 @@ class PlannedDrafter(Drafter):
         self._q = point_masses_then(tokens, n_lookup, model_q)
         return tokens
 
-    def observe(self, n_accepted: int) -> None:
-        n_lookup = self._sources.count(PromptLookupDrafter.name)
-        n_model = len(self._sources) - n_lookup
+    def observe(self, n_accepted: int, n_verified: int) -> None:
+        verified = self._sources[:n_verified]  # the tokens past a stop were not verified: no evidence
+        n_lookup = verified.count(PromptLookupDrafter.name)
+        n_model = len(verified) - n_lookup
         with self.state.lock:
             if n_lookup:
                 self._lookup_table().observe(n_lookup, min(n_accepted, n_lookup))
@@ -153,7 +154,7 @@ class PlannedDrafter(Drafter):
         if n_lookup:
             self._hot = n_accepted >= n_lookup
         if self.model is not None and n_model:
-            self.model.observe(max(0, n_accepted - n_lookup))
+            self.model.observe(max(0, n_accepted - n_lookup), n_model)
 
     def _lookup_table(self) -> AcceptanceByPosition:
         return self.state.lookup_hot if self._hot else self.state.lookup

@@ -103,7 +103,7 @@ class CompletionReuseDrafter(Drafter):
         head = self._tok.encode(self._text[pos : self._offsets[j]]) if self._offsets[j] > pos else []
         return [*head, *self._tokens[j:]][: self._max]
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         pass  # the next propose re-checks the generated text; a wrong guess stops the proposals
 
 
@@ -135,12 +135,12 @@ class ReuseFirstDrafter(Drafter):
         self._n = len(out)
         return out
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         if self._from_reuse:
-            self._reuse.observe(n_accepted)
+            self._reuse.observe(n_accepted, n_verified)
         elif self._inner is not None:
-            self._inner.observe(n_accepted)
-            self._inner_k = adapt_gamma(self._inner_k, self._n, n_accepted, 1, self._inner_max)
+            self._inner.observe(n_accepted, n_verified)
+            self._inner_k = adapt_gamma(self._inner_k, n_verified, n_accepted, 1, self._inner_max)
 
     def proposal_probs(self) -> np.ndarray | None:
         if self._from_reuse or self._inner is None:

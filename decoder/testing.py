@@ -129,6 +129,7 @@ class ScriptedDrafter(Drafter):
         self._mode = mode
         self._j = j
         self.observed: list[int] = []
+        self.verified: list[int] = []
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         n = len(context)
@@ -141,8 +142,9 @@ class ScriptedDrafter(Drafter):
             return [(t + 1) % self._vocab for t in right]
         return [(t + 1) % self._vocab if i == self._j else t for i, t in enumerate(right)]
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         self.observed.append(n_accepted)
+        self.verified.append(n_verified)
 
     def proposal_probs(self) -> np.ndarray | None:
         return None

@@ -7,9 +7,12 @@ tokens and decodes the unfinished part as U+FFFD; it shows once the token comple
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from specls.decoder.api import Stop
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,12 @@ class IncrementalText:
         self._done = ""
         self.text = ""
 
+    def fork(self) -> IncrementalText:
+        """A copy to update with tokens this one may never see (a draft), leaving this one as it is."""
+        other = copy.copy(self)
+        other._tokens = list(self._tokens)
+        return other
+
     def _decode(self, ids: Sequence[int]) -> str:
         self.decoded_tokens += len(ids)
         return self._tok.decode(ids) if ids else ""
@@ -92,11 +101,12 @@ class IncrementalText:
         return self.text
 
 
-class TextStop:
+class TextStop(Stop):
     """The decode loop's token-level stop built from a request's text-level one
-    (``stop(text) -> length to keep | None``): decodes the generated tokens incrementally (a character
-    split across tokens is held back until complete), asks ``stop`` about the visible text and records
-    where it cut (``cut``) and the text it saw (``text``)."""
+    (``stop(text) -> length to keep | None``, a pure function): decodes the generated tokens
+    incrementally (a character split across tokens is held back until complete), asks ``stop`` about
+    the visible text and records where it cut (``cut``) and the text it saw (``text``). ``horizon``
+    asks it about the texts a draft would make, on a fork of the decoded text."""
 
     def __init__(self, tokenizer: Detokenizer, stop: Callable[[str], int | None]) -> None:
         self._text = IncrementalText(tokenizer)
@@ -123,26 +133,44 @@ class TextStop:
         self.cut = max(0, min(int(cut), len(text)))
         return True
 
+    def horizon(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
+        probe = self._text.fork()
+        grown = [int(t) for t in tokens]
+        for i, t in enumerate(draft):
+            grown.append(int(t))
+            try:
+                cut = self._stop(probe.update(grown))
+            except Exception:  # __call__ logs it when the decode gets there
+                return len(draft)
+            if cut is not None:
+                return i + 1
+        return len(draft)
+
 
 class EarlyStop:
-    """One text stop made of a request's ``stop`` and its ``early_stop``: the earlier cut of the two;
-    ``partial`` records whether the early one cut where ``stop`` would have gone on (or cut later).
+    """One text stop made of a request's ``stop`` and its ``early_stop``: the earlier cut of the two
+    (pure, as ``TextStop.horizon`` needs); ``partial(text)``: whether the early one cuts ``text``
+    where ``stop`` would go on (or cut later).
 
     >>> s = EarlyStop(lambda t: None, lambda t: t.find("\\n") if "\\n" in t else None)
-    >>> s("a\\nb"), s.partial
-    (1, True)
+    >>> s("a\\nb"), s.partial("a\\nb"), s.partial("ab")
+    (1, True, False)
     """
 
     def __init__(self, stop: Callable[[str], int | None] | None, early: Callable[[str], int | None]) -> None:
         self._stop = stop
         self._early = early
-        self.partial = False
+
+    def _cuts(self, text: str) -> tuple[int | None, int | None]:
+        return (self._stop(text) if self._stop is not None else None), self._early(text)
+
+    def partial(self, text: str) -> bool:
+        full, early = self._cuts(text)
+        return early is not None and (full is None or early < full)
 
     def __call__(self, text: str) -> int | None:
-        full = self._stop(text) if self._stop is not None else None
-        early = self._early(text)
-        self.partial = early is not None and (full is None or early < full)
-        return early if self.partial else full
+        full, early = self._cuts(text)
+        return early if early is not None and (full is None or early < full) else full
 
 
 def visible_offsets(tokenizer: Detokenizer, tokens: Sequence[int], text: str) -> list[int]:

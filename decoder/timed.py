@@ -27,9 +27,9 @@ class TimedDrafter(Drafter):
         finally:
             self.ms += (time.perf_counter() - t0) * 1e3
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         t0 = time.perf_counter()
-        self._inner.observe(n_accepted)
+        self._inner.observe(n_accepted, n_verified)
         self.ms += (time.perf_counter() - t0) * 1e3
 
     def proposal_probs(self) -> np.ndarray | None:

@@ -23,7 +23,8 @@ class CompletionRequest:
     max_tokens: int = 64
     language: str = "python"
     # Text-level stop: called with the completion text so far; returns the length to keep when the
-    # completion is finished (e.g. end of line in single-line mode), or None to go on.
+    # completion is finished (e.g. end of line in single-line mode), or None to go on. A pure function
+    # of the text: the decode also asks it about drafts it may never commit (``Stop.horizon``).
     stop: Callable[[str], int | None] | None = None
     # A stop for a decode only (same contract as ``stop``): when the answer must be decoded it ends
     # here too, an early partial answer (``CompletionResult.partial``) that a later request without it

@@ -354,6 +354,9 @@ class OnnxEngine:
         ran = out.prefill_tokens > 0 or out.target_passes > 0
         reused = min(kept, len(prompt.tokens) - 1) if ran else 0
         draft_ms = drafter.ms if isinstance(drafter, TimedDrafter) else 0.0
+        partial = (
+            early is not None and stop is not None and out.stop_reason == "stop" and early.partial(stop.text)
+        )
         self._counters.decoded(out, len(prompt.tokens), reused, reuse, draft_ms)
         return CompletionResult(
             text=text,
@@ -364,7 +367,7 @@ class OnnxEngine:
             prefix_reused_tokens=reused,
             completion_reuse=reuse,
             cache_hit=False,
-            partial=early is not None and early.partial and out.stop_reason == "stop",
+            partial=partial,
             provider=provider,
         )
 

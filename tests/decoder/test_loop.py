@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from specls.decoder.acceptance import process_logits
-from specls.decoder.api import DecodeSettings, Drafter, KVCache
+from specls.decoder.api import DecodeSettings, Drafter, KVCache, StopWhen
 from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.ngram import NgramIndex
@@ -31,6 +31,7 @@ class CheckedCache(KVCache):
         self.full = list(full)
         self.forwards = 0
         self.truncates = 0
+        self.fed_end = 0  # the furthest position any pass fed (exclusive)
 
     @property
     def length(self) -> int:
@@ -40,6 +41,7 @@ class CheckedCache(KVCache):
         n = self.inner.length
         assert self.inner.tokens + [int(ids[0])] == self.full[: n + 1]
         self.forwards += 1
+        self.fed_end = max(self.fed_end, n + len(ids))
         return self.inner.forward(ids)
 
     def truncate(self, n: int) -> None:
@@ -192,11 +194,40 @@ def test_stop_callback_cuts_inside_an_accepted_draft() -> None:
         ScriptedDrafter(PROMPT, REF, 64, "right"),
         GAMMAS["fixedK"],
         frozenset(),
-        stop=lambda toks: toks[-1] == target_token,
+        stop=StopWhen(lambda toks: toks[-1] == target_token),
     )
     assert result.tokens == REF[: first + 1]  # the stop token is kept; nothing after it
     assert result.stop_reason == "stop"
     assert cache.inner.tokens == FULL[: cache.length]
+
+
+@pytest.mark.parametrize("ends", ["stop", "eos"])
+def test_no_draft_token_past_a_stop_or_an_eos_is_verified(ends: str) -> None:
+    """The right drafter proposes K tokens a pass (K + 1 committed); the one ending the decode sits
+    inside a proposal, so the rows after it would be verified for nothing."""
+    first = next(i for i in range(6, N) if REF.index(REF[i]) == i and i % (K + 1) not in (K - 1, K))
+    token = REF[first]
+    drafter = ScriptedDrafter(PROMPT, REF, 64, "right")
+    cache = CheckedCache(TARGET.new_cache(), FULL)
+    if ends == "stop":
+        result = generate(
+            cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset(), stop=StopWhen(lambda t: t[-1] == token)
+        )
+        assert result.tokens == REF[: first + 1] and result.stop_reason == "stop"
+    else:
+        result = generate(cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset({token}))
+        assert result.tokens == REF[:first] and result.stop_reason == "eos"
+    uncut = len(PROMPT) + (first // (K + 1)) * (K + 1) + K  # where the last proposal's rows would end
+    assert cache.fed_end == len(PROMPT) + first + 1 < uncut  # Not uncut: no row past the last token
+    assert drafter.observed[-1] == drafter.verified[-1] == first % (K + 1) + 1  # verified: the cut draft
+
+
+def test_horizon_of_a_stop() -> None:
+    stop = StopWhen(lambda toks: toks[-1] == 0)
+    assert stop([3, 0]) and not stop([0, 3])
+    assert stop.horizon([3], [4, 0, 5, 0]) == 2  # Not 4: the 5 and the last 0 are never committed
+    assert stop.horizon([0], [4, 5]) == 2  # an earlier stop token is not the draft's
+    assert stop.horizon([], [0]) == 1
 
 
 @pytest.mark.parametrize("gamma", ["fixedK", "own_prefill"])

@@ -142,17 +142,28 @@ def test_lookup_after_a_whole_accepted_proposal_is_learned_apart() -> None:
     drafter.begin(SETTINGS)
     first = drafter.propose(PROMPT, 4)
     assert first and first == ref[: len(first)]  # the buffer holds the answer: lookup proposes it
-    drafter.observe(len(first))  # accepted whole
+    drafter.observe(len(first), len(first))  # accepted whole
     assert sum(state.lookup.reached) == len(first) and not state.lookup_hot.reached
     context = [*PROMPT, *ref[: len(first) + 1]]
     second = drafter.propose(context, 4)
     assert second
-    drafter.observe(0)  # its first token rejected
+    drafter.observe(0, len(second))  # its first token rejected
     assert state.lookup_hot.reached[0] == 1 and state.lookup_hot.accepted[0] == 0  # Not the cold table
     assert sum(state.lookup.reached) == len(first)
-    drafter.propose(context, 4)
-    drafter.observe(0)
+    third = drafter.propose(context, 4)
+    drafter.observe(0, len(third))
     assert state.lookup_hot.reached[0] == 1  # after the miss: the first-match table again
+
+
+def test_tokens_past_a_stop_teach_nothing() -> None:
+    """The loop verified 1 of the proposal's tokens (the rest lay past a stop) and it was right."""
+    drafter, state = _copying(CHEAP)
+    drafter.begin(SETTINGS)
+    first = drafter.propose(PROMPT, 4)
+    assert len(first) >= 2
+    drafter.observe(1, 1)
+    # Not reached [1, 1, ...]: position 1 was never verified, so it is no rejection
+    assert sum(state.lookup.reached) == 1.0 and state.lookup.accepted == [1.0]
 
 
 def test_a_hot_copy_proposes_longer_than_a_cold_match() -> None:
@@ -163,6 +174,6 @@ def test_a_hot_copy_proposes_longer_than_a_cold_match() -> None:
     drafter.begin(SETTINGS)
     ref = TARGET.greedy(PROMPT, 12)
     n_cold = len(drafter.propose(PROMPT, 4))
-    drafter.observe(n_cold)
+    drafter.observe(n_cold, n_cold)
     n_hot = len(drafter.propose([*PROMPT, *ref[: n_cold + 1]], 4))
     assert n_cold == 1 < n_hot  # Not the same length: the copy is trusted once it has been right

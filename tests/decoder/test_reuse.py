@@ -74,9 +74,9 @@ def test_reuse_first_then_the_inner_drafter() -> None:
     assert d.name == f"{REUSE}+{inner.name}"
     assert d.propose(prompt, 12) == Chars().encode("urn x")
     assert list(d.proposal_sources()) == [REUSE] * 5
-    d.observe(5)
+    d.observe(5, 5)
     ctx = [*prompt, *Chars().encode("urn x")]
     assert d.propose(ctx, 12) == Chars().encode("!!")  # the inner drafter at its own gamma. Not 12
     assert list(d.proposal_sources()) == [inner.name] * 2
-    d.observe(2)
+    d.observe(2, 2)
     assert d.propose(ctx, 12) == Chars().encode("!!!")  # full acceptance of a full proposal: +1

@@ -104,6 +104,50 @@ def test_text_stop_records_the_cut_and_survives_a_broken_stop() -> None:
     assert not TextStop(Bytes(), broken)(list(b"ab"))  # Not an exception: ignored
 
 
+def _at_newline(text: str) -> int | None:
+    return text.index("\n") if "\n" in text else None
+
+
+@pytest.mark.parametrize(
+    "done, draft, horizon",
+    [
+        (b"ab", b"c\nde", 2),  # through the newline. Not 4
+        (b"ab", b"cde", 3),  # no stop in the draft: all of it
+        (b"", b"\nx", 1),
+        (b"a", "\u00e9\n!".encode(), 3),  # the two bytes of e-acute, then the newline. Not 2: held back
+        (b"a\nb", b"cd", 1),  # a stop already in the committed text fires at the first token
+    ],
+)
+def test_text_stop_horizon(done: bytes, draft: bytes, horizon: int) -> None:
+    s = TextStop(Bytes(), _at_newline)
+    for i in range(1, len(done) + 1):
+        s(list(done[:i]))
+    assert s.horizon(list(done), list(draft)) == horizon
+
+
+def test_text_stop_horizon_leaves_the_stop_as_it_was() -> None:
+    seen: list[str] = []
+
+    def stop(text: str) -> int | None:
+        seen.append(text)
+        return _at_newline(text)
+
+    s = TextStop(Bytes(), stop)
+    assert not s(list(b"ab"))
+    assert s.horizon(list(b"ab"), list(b"xyz\n")) == 4
+    seen.clear()
+    assert not s(list(b"abc")) and s.text == "abc" and seen == ["abc"]  # Not "abxyz...": the fork's
+    assert s.cut is None
+    assert s(list(b"abc\n")) and s.cut == 3
+
+
+def test_text_stop_horizon_with_a_broken_stop_is_the_whole_draft() -> None:
+    def broken(text: str) -> int | None:
+        raise RuntimeError("bad stop")
+
+    assert TextStop(Bytes(), broken).horizon(list(b"a"), list(b"b\nc")) == 3
+
+
 def test_visible_offsets() -> None:
     tokens = list("aé".encode())  # [61, C3, A9]
     assert visible_offsets(Bytes(), tokens, "aé") == [
@@ -131,4 +175,4 @@ def _at(ch: str) -> Callable[[str], int | None]:
 )
 def test_early_stop_takes_the_earlier_cut(stop, early, text, cut, partial):
     s = EarlyStop(stop, early)
-    assert s(text) == cut and s.partial is partial
+    assert s(text) == cut and s.partial(text) is partial

@@ -89,7 +89,7 @@ class ForcedDrafter(Drafter):
         self.proposed += len(out)
         return out
 
-    def observe(self, n_accepted: int) -> None:
+    def observe(self, n_accepted: int, n_verified: int) -> None:
         pass
 
     def proposal_probs(self) -> np.ndarray | None:
