@@ -238,21 +238,18 @@ def _ours(engine: Any, point: Point, doc_id: str, max_tokens: int) -> Run:
 
 
 def _margin_at_divergence(models: Any, prompt: list[int], ref: list[int], got: list[int]) -> dict[str, Any]:
-    """Where ``got`` first differs from ``ref``, and the target's top-2 logit margin there (a float tie
-    is ~1e-6; anything larger is a bug)."""
-    import numpy as np
+    """Where ``got`` first differs from ``ref``, and the target's top-2 logit margin there on plain
+    greedy's own path (a float tie is ~1e-6; anything larger is a bug)."""
+    from specls.decoder.margin import plain_greedy_margin
 
     j = 0
     while j < min(len(ref), len(got)) and ref[j] == got[j]:
         j += 1
-    cache = models.target.new_cache()
-    logits = cache.forward([*prompt, *ref[:j]])[-1]  # [vocab]
-    top = np.sort(np.asarray(logits, dtype=np.float64))[-2:]
     return {
         "position": j,
         "ref": ref[j : j + 3],
         "got": got[j : j + 3],
-        "top2_margin": float(top[1] - top[0]),
+        "top2_margin": plain_greedy_margin(models.target, prompt, ref, j),
     }
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from specls.bench.decode import Point, hf_greedy, make_points, source_files
+from specls.decoder.margin import plain_greedy_margin
 
 logger = logging.getLogger(__name__)
 
@@ -414,9 +415,17 @@ class Cell:
     first_divergence: list[dict[str, Any]] = field(default_factory=list)
 
 
-def record(cell: Cell, run: Run, ref: Run | None) -> None:
+def record(
+    cell: Cell,
+    run: Run,
+    ref: Run | None,
+    point: int = 0,
+    margin: Callable[[list[int], int], float] | None = None,
+) -> None:
     """Add ``run``; compare it token for token with its engine's plain greedy ``ref`` (None: it is
-    the reference itself, counted identical)."""
+    the reference itself, counted identical). A divergence records the point, the position and, when
+    ``margin`` is given (the reference graph's top-2 margin at a position of ``ref``'s tokens), that
+    margin: a float tie is ~1e-6, anything larger is the graph or a bug."""
     cell.runs.append(run)
     cell.compared += 1
     if ref is None or run.tokens == ref.tokens:
@@ -427,7 +436,13 @@ def record(cell: Cell, run: Run, ref: Run | None) -> None:
         j += 1
     if len(cell.first_divergence) < 5:
         cell.first_divergence.append(
-            {"position": j, "ref": ref.tokens[j : j + 3], "got": run.tokens[j : j + 3]}
+            {
+                "point": point,
+                "position": j,
+                "ref": ref.tokens[j : j + 3],
+                "got": run.tokens[j : j + 3],
+                "top2_margin": margin(ref.tokens, j) if margin is not None and j < len(ref.tokens) else None,
+            }
         )
 
 
@@ -706,7 +721,10 @@ def run_bench(opt: RealBenchOptions) -> int:
     for task, cells in results.items():
         for m in methods:
             for d in cells[m].first_divergence:
-                print(f"  {task} {m}: differs from {REFERENCE[m]} at token {d['position']}: {d}")
+                mg = d["top2_margin"]
+                where = f"point {d['point']} token {d['position']}: {d['ref']} vs {d['got']}"
+                tie = "" if mg is None else f", top-2 margin {mg:.2e}" + (" (float tie)" if mg < 1e-4 else "")
+                print(f"  {task} {m}: differs from {REFERENCE[m]} at {where}{tie}")
     if opt.json_out:
         data = {
             "options": {k: v for k, v in opt.__dict__.items()},
@@ -717,6 +735,10 @@ def run_bench(opt: RealBenchOptions) -> int:
                     m: {**summarize(c), **ratios({"plain": summarize(cells["plain"]), m: summarize(c)})[m]}
                     for m, c in cells.items()
                 }
+                for t, cells in results.items()
+            },
+            "divergences": {
+                t: {m: c.first_divergence for m, c in cells.items() if c.first_divergence}
                 for t, cells in results.items()
             },
         }
@@ -775,7 +797,13 @@ def _one_point(
         decode = engines["plain"].models.tokenizer.decode
         for r in runs.values():
             r.tokens = cut_at_newline(r.tokens, decode)
+    target = engines["plain"].models.target  # plain always runs: every method's prompt is its
+
+    def margin(ref_tokens: list[int], j: int) -> float:  # specls's own graph, on plain greedy's path
+        return plain_greedy_margin(target, prompt, ref_tokens, j)
+
     for name, r in runs.items():
         ref = REFERENCE[name]
-        record(cells[name], r, None if name == ref else runs[ref])
+        on_specls = name in SPECLS  # llama's and HF's graphs are their own
+        record(cells[name], r, None if name == ref else runs[ref], i, margin if on_specls else None)
     return " ".join(f"{m}={r.e2e_ms:.0f}ms/{len(r.tokens)}t" for m, r in runs.items())

@@ -324,6 +324,27 @@ def test_record_counts_identical_and_the_first_divergence() -> None:
     assert cell.first_divergence[0]["got"] == [9, 9]
     record(cell, Run([5], 1.0, 0.0, 1.0, 1), None)  # the reference itself
     assert cell.identical == 2
+    assert cell.first_divergence[0]["top2_margin"] is None  # no margin function: none made up
+
+
+def test_record_asks_the_margin_at_the_divergence() -> None:
+    cell = Cell()
+    asked: list[tuple[list[int], int]] = []
+
+    def margin(tokens: list[int], j: int) -> float:
+        asked.append((tokens, j))
+        return 0.046
+
+    ref = Run([1, 2, 3, 4], 1.0, 0.0, 1.0, 4)
+    record(cell, Run([1, 2, 3, 4], 1.0, 0.0, 1.0, 2), ref, point=3, margin=margin)
+    assert not asked  # identical: nothing to explain
+    record(cell, Run([1, 7, 3], 1.0, 0.0, 1.0, 2), ref, point=5, margin=margin)
+    assert asked == [([1, 2, 3, 4], 1)]  # the reference's tokens, where they first differ. Not the run's
+    assert cell.first_divergence == [
+        {"point": 5, "position": 1, "ref": [2, 3, 4], "got": [7, 3], "top2_margin": 0.046}
+    ]
+    record(cell, Run([1, 2, 3, 4, 5], 1.0, 0.0, 1.0, 2), ref, point=6, margin=margin)
+    assert cell.first_divergence[-1]["top2_margin"] is None  # longer than the reference: no position
 
 
 def test_summarize_uses_totals_for_rates_and_medians_for_latency() -> None:
