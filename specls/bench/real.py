@@ -466,6 +466,9 @@ def summarize(cell: Cell) -> dict[str, float | None]:
         "points": float(len(runs)),
         "tokens": float(tokens),
         "tokens_per_pass": tokens / passes if passes else None,
+        # rows the target computed per committed token: 1 plain, more for drafts it rejected (or, before
+        # ``Stop.horizon``, verified past the stop)
+        "rows_per_token": (passes + sum(r.drafted for r in runs)) / tokens if tokens and passes else None,
         "decode_tok_s": 1e3 * tokens / decode_ms if decode_ms > 0 and has_split else None,
         "prefill_ms": statistics.median(r.prefill_ms for r in runs) if runs and has_split else None,
         "e2e_ms": statistics.median(r.e2e_ms for r in runs) if runs else None,

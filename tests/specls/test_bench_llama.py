@@ -359,6 +359,13 @@ def test_summarize_uses_totals_for_rates_and_medians_for_latency() -> None:
     assert s["prefill_ms"] == 200.0 and s["e2e_ms"] == 700.0
     assert s["e2e_total_ms"] == 8300.0
     assert s["identical"] == 1.0
+    assert s["rows_per_token"] == pytest.approx(19 / 70)  # no drafts: one row per pass
+
+
+def test_rows_per_token_counts_the_drafted_rows() -> None:
+    cell = Cell()
+    record(cell, Run([1, 2, 3, 4], 1.0, 0.0, 1.0, passes=2, drafted=6, accepted=2), None)
+    assert summarize(cell)["rows_per_token"] == pytest.approx(8 / 4)  # Not 6/4: each pass's own row too
 
 
 def test_summarize_without_a_prefill_split_reports_end_to_end_only() -> None:
