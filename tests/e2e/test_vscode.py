@@ -101,6 +101,12 @@ def test_vscode_ghost_text_and_tab(
     assert result["disabled_shown"] is True
     assert result["ready_again"] is True
 
+    # every setting the extension sent (its initializationOptions) is one the server knows, with a
+    # valid value: the server logs each problem as "specls settings: ..." (window/logMessage)
+    client_log = ARTIFACTS / f"vscode-{transport}-specls.log"
+    assert "specls: model loaded" in client_log.read_text(), client_log
+    assert "specls settings:" not in client_log.read_text(), client_log.read_text()[-2000:]
+
 
 def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None:
     """specls.serverPath pointing nowhere: an error status and a notification that names the setting."""

@@ -105,6 +105,10 @@ async function main() {
         // a team server over TCP instead of a local one over stdio
         'specls.teamServer': process.env.E2E_TEAM_SERVER || '',
         'specls.maxTokens': 24,
+        // sent as they are: the test checks that the server knows each of them
+        'specls.lineFirst': true,
+        'specls.typeAhead': true,
+        'specls.multiline': 'auto',
         'specls.trace.server': process.env.E2E_LOG_TRACE ? 'verbose' : 'off',
         'editor.inlineSuggest.enabled': true,
         // keep the other completion UIs out of the way of Tab

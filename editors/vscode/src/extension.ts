@@ -24,6 +24,9 @@ function readSettings(): Settings {
         model: c.get<string>('model', ''),
         draft: c.get<string>('draft', ''),
         maxTokens: c.get<number>('maxTokens', 64),
+        lineFirst: c.get<boolean>('lineFirst', true),
+        typeAhead: c.get<boolean>('typeAhead', true),
+        multiline: c.get<string>('multiline', 'auto'),
         enabledLanguages: c.get<string[]>('enabledLanguages', ['python']),
         teamServer: c.get<string>('teamServer', ''),
         teamToken: c.get<string>('teamToken', ''),
@@ -212,7 +215,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             if (!e.affectsConfiguration('specls')) {
                 return;
             }
-            const needsRestart = ['serverPath', 'teamServer', 'enabledLanguages'].some((k) =>
+            // typeAhead is the engine's: the server applies it when its model loads
+            const needsRestart = ['serverPath', 'teamServer', 'enabledLanguages', 'typeAhead'].some((k) =>
                 e.affectsConfiguration(`specls.${k}`),
             );
             updateEnabledState();

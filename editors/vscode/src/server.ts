@@ -10,6 +10,9 @@ export interface Settings {
     model: string;
     draft: string;
     maxTokens: number;
+    lineFirst: boolean;
+    typeAhead: boolean;
+    multiline: string;
     enabledLanguages: string[];
     teamServer: string;
     teamToken: string;
@@ -127,6 +130,9 @@ export function serverOptions(
 export function serverSettings(settings: Settings): Record<string, unknown> {
     const out: Record<string, unknown> = {
         maxTokens: settings.maxTokens,
+        lineFirst: settings.lineFirst,
+        typeAhead: settings.typeAhead,
+        multiline: settings.multiline,
         // [] = every language (the server's default); "*" is only the client's spelling of that
         languages: settings.enabledLanguages.includes('*') ? [] : settings.enabledLanguages,
     };
