@@ -743,7 +743,9 @@ class Session:
     def _continued(self, future: concurrent.futures.Future[CompletionResult | None]) -> None:
         counters = self.host.counters
         result = None if future.cancelled() or future.exception() is not None else future.result()
-        if result is None or result.cancelled or result.stop_reason == "error":
+        if result is not None and result.stop_reason == "error":
+            counters.errors += 1  # logged by _generate; not something a keystroke stopped
+        elif result is None or result.cancelled:
             counters.continuations_preempted += 1
             counters.tokens_wasted += result.tokens if result is not None else 0
         else:

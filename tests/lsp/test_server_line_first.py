@@ -75,6 +75,24 @@ async def test_first_line_then_the_block_once_idle(reference, monkeypatch):
         host.close()
 
 
+async def test_a_failed_background_decode_is_an_error_not_a_preemption(reference, monkeypatch):
+    monkeypatch.setattr(server_module, "CONTINUE_AFTER_S", 0.01)
+    session, host = open_session()
+    try:
+        counters = host.counters
+        assert await ask(session, 1, *CURSOR) == reference.answer(SOURCE, offset_of(*CURSOR))
+
+        def boom(self, request, cancelled=None):
+            raise RuntimeError("engine broke")
+
+        monkeypatch.setattr(OnnxEngine, "complete", boom)
+        await until(lambda: counters.errors == 1)
+        assert counters.continuations == 1
+        assert counters.continuations_preempted == 0 and counters.continued == 0  # Not "preempted"
+    finally:
+        host.close()
+
+
 async def test_a_request_before_the_pause_means_no_background_decode(reference, monkeypatch):
     monkeypatch.setattr(server_module, "CONTINUE_AFTER_S", 0.5)
     session, host = open_session()
