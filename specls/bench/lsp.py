@@ -5,7 +5,8 @@ whole lines out of each, opens the rest and types the region back character by c
 one ``didChange`` per keystroke, an ``textDocument/inlineCompletion`` after a short debounce (as
 editors do), and ``$/cancelRequest`` for a request still in flight when the next key arrives. Typing
 speed varies (seeded) and pauses at line ends, where a suggestion has time to arrive
-(``--wait-at-line-end``: until it has arrived, the way a user waits for a slow engine's ghost text).
+(``--wait-at-line-end``: until it has arrived, the way a user waits for a slow engine's ghost text;
+``--read-ms``: and then reads it, long enough for a line-first answer's block to be decoded).
 
 Prints keystroke->result latency p50/p95 (client side: from the keystroke's didChange to the answer of
 the request it triggered), answered/served/cancelled counts, and the server's counters from
@@ -45,6 +46,9 @@ class LspBenchSettings:
     # after Enter, wait for the answer (up to timeout_s) before typing on: a user who waits for the
     # ghost text, so a slow engine's latency is measured instead of every request being cancelled
     wait_at_line_end: bool = False
+    # ... and then read it this long before typing on: a pause long enough for the server's background
+    # block after a line-first answer (it starts 0.3 s after the last request or edit)
+    read_ms: float = 0.0
     threads: int = 1
     max_tokens: int = 32
     server: tuple[str, ...] = ()  # extra `specls serve` arguments (--model, --draft, --no-draft)
@@ -212,6 +216,8 @@ async def _type_file(
             await asyncio.gather(
                 *[asyncio.shield(f) for f, _, _ in inflight.values()], return_exceptions=True
             )
+        if ch == "\n" and s.read_ms > 0:
+            await asyncio.sleep(s.read_ms / 1000)
     await asyncio.sleep(s.debounce_ms / 1000 + 0.01)
     if done:
         await asyncio.gather(*done)
@@ -410,6 +416,7 @@ def _run(args: argparse.Namespace) -> int:
         threads=args.threads,
         max_tokens=args.max_tokens,
         wait_at_line_end=args.wait_at_line_end,
+        read_ms=args.read_ms,
         server=tuple(server),
     )
     try:
@@ -443,6 +450,12 @@ def register(kinds: Any) -> None:
         "--wait-at-line-end",
         action="store_true",
         help="after Enter, wait for the answer before typing on (measures a slow engine's latency)",
+    )
+    p.add_argument(
+        "--read-ms",
+        type=float,
+        default=d.read_ms,
+        help="after Enter (and the wait), pause this long before typing on: lets line-first blocks finish",
     )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.set_defaults(func=_run)

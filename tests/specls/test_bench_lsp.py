@@ -32,3 +32,14 @@ def test_waiting_at_line_ends_answers_every_line_end() -> None:
     # each Enter's request was waited for, so none of them was cancelled by the next keystroke
     assert report["answered"] >= line_ends > 0
     assert asyncio.run(run_bench(fast))["answered"] < line_ends  # Not every line end: nothing waited
+
+
+def test_reading_after_a_line_end_lets_the_block_follow_the_first_line() -> None:
+    # 3 files of 160 characters: at least one line end where the bundled model's block has more lines
+    fast = LspBenchSettings(
+        files=3, chars=160, min_key_ms=1.0, max_key_ms=5.0, line_pause_ms=0.0, wait_at_line_end=True
+    )
+    server = asyncio.run(run_bench(replace(fast, read_ms=1000.0)))["server"]
+    assert server["continuations"] >= 1 and server["continued"] >= 1  # the pause outlived the 0.3 s
+    # Not a background block without the pause: the next key always came within 5 ms of the answer
+    assert asyncio.run(run_bench(fast))["server"]["continuations"] == 0
