@@ -106,11 +106,18 @@ class TextStop(Stop):
     (``stop(text) -> length to keep | None``, a pure function): decodes the generated tokens
     incrementally (a character split across tokens is held back until complete), asks ``stop`` about
     the visible text and records where it cut (``cut``) and the text it saw (``text``). ``horizon``
-    asks it about the texts a draft would make, on a fork of the decoded text."""
+    asks it about the texts a draft would make, on a fork of the decoded text; ``on_text`` is told
+    only the committed text."""
 
-    def __init__(self, tokenizer: Detokenizer, stop: Callable[[str], int | None]) -> None:
+    def __init__(
+        self,
+        tokenizer: Detokenizer,
+        stop: Callable[[str], int | None],
+        on_text: Callable[[str], None] | None = None,
+    ) -> None:
         self._text = IncrementalText(tokenizer)
         self._stop = stop
+        self._on_text = on_text  # told the committed text (streaming); not asked about drafts
         self.cut: int | None = None
 
     @property
@@ -123,6 +130,11 @@ class TextStop(Stop):
 
     def __call__(self, tokens: Sequence[int]) -> bool:
         text = self._text.update(tokens)
+        if self._on_text is not None:
+            try:
+                self._on_text(text)
+            except Exception:  # a broken listener must not kill the completion
+                log.exception("on_text callback failed; ignoring it")
         try:
             cut = self._stop(text)
         except Exception:  # a broken stop function must not kill the completion

@@ -32,6 +32,9 @@ class CompletionRequest:
     # ``stop`` first. The server's line-first answers (``ServerSettings.line_first``). Engines that
     # cannot honour it ignore it.
     early_stop: Callable[[str], int | None] | None = None
+    # Called with the completion's visible text so far each time a decode commits tokens (a server
+    # streaming the answer); never with a draft's text. The final text is CompletionResult.text.
+    on_text: Callable[[str], None] | None = None
     # Other open buffers (uri -> text) that may be used as prompt context snippets.
     context_docs: tuple[tuple[str, str], ...] = ()
     # Set by a scheduler under load (specls.team): upper bound on the speculation length for this

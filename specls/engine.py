@@ -67,6 +67,11 @@ from specls.prompt import (
 logger = logging.getLogger(__name__)
 
 
+def _never(text: str) -> int | None:
+    """The text stop of a request that has none (its ``on_text`` still needs the decoded text)."""
+    return None
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """How the in-process engine loads and decodes. Field names are the CLI's and the LSP settings'
@@ -331,7 +336,12 @@ class OnnxEngine:
             drafter, reuse = None, False
         early = EarlyStop(request.stop, request.early_stop) if request.early_stop is not None else None
         text_stop = early if early is not None else request.stop
-        stop = TextStop(models.tokenizer, text_stop) if text_stop is not None else None
+        on_text = request.on_text
+        stop = (
+            TextStop(models.tokenizer, text_stop or _never, on_text)
+            if text_stop is not None or on_text is not None
+            else None
+        )
         out = self._decode(models, state, cache, prompt, drafter, settings, cancelled, stop)
         if state.planned_drafter is not None:
             state.planned_drafter.end()  # its length teaches the policy the usual completion length

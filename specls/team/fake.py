@@ -98,6 +98,8 @@ class FakeEngine:
             for _ in range(take):
                 text += fake_word(request.prefix, request.suffix, n)
                 n += 1
+                if request.on_text is not None:
+                    request.on_text(text)
                 if request.stop is not None:
                     keep = request.stop(text)
                     if keep is not None:

@@ -287,15 +287,17 @@ class EngineHTTPServer:
                 gone = threading.Event()
                 sock = self.connection
 
-                def stop_fn(text: str) -> int | None:
+                def stop_fn(text: str) -> int | None:  # pure: the decode also asks it about drafts
+                    return _earliest_stop(text, stops)
+
+                def on_text(text: str) -> None:  # the committed text so far: stream what is settled
                     nonlocal sent
                     keep = _earliest_stop(text, stops)
                     upto = keep if keep is not None else max(sent, len(text) - hold)
-                    if stream and upto > sent:
+                    if upto > sent:
                         streamed.append(text[sent:upto])
                         deltas.put(streamed[-1])
                         sent = upto
-                    return keep
 
                 def cancelled() -> bool:
                     if not gone.is_set() and _peer_closed(sock):
@@ -303,7 +305,12 @@ class EngineHTTPServer:
                     return gone.is_set()
 
                 request = CompletionRequest(
-                    doc_id=doc, prefix=prompt, suffix=suffix, max_tokens=max_tokens, stop=stop_fn
+                    doc_id=doc,
+                    prefix=prompt,
+                    suffix=suffix,
+                    max_tokens=max_tokens,
+                    stop=stop_fn,
+                    on_text=on_text if stream else None,
                 )
                 cid = f"cmpl-{uuid.uuid4().hex[:24]}"
                 created = int(time.time())

@@ -141,6 +141,20 @@ def test_text_stop_horizon_leaves_the_stop_as_it_was() -> None:
     assert s(list(b"abc\n")) and s.cut == 3
 
 
+def test_on_text_is_told_the_committed_text_only() -> None:
+    told: list[str] = []
+    s = TextStop(Bytes(), _at_newline, told.append)
+    s(list(b"a"))
+    assert s.horizon(list(b"a"), list(b"bc\nd")) == 3
+    s(list(b"ab"))
+    assert told == ["a", "ab"]  # Not "abc\n...": a draft's text is never reported
+
+    def broken(text: str) -> None:
+        raise RuntimeError("bad listener")
+
+    assert TextStop(Bytes(), _at_newline, broken)(list(b"a\n"))  # Not an exception: the stop still works
+
+
 def test_text_stop_horizon_with_a_broken_stop_is_the_whole_draft() -> None:
     def broken(text: str) -> int | None:
         raise RuntimeError("bad stop")
