@@ -466,8 +466,7 @@ def summarize(cell: Cell) -> dict[str, float | None]:
         "points": float(len(runs)),
         "tokens": float(tokens),
         "tokens_per_pass": tokens / passes if passes else None,
-        # rows the target computed per committed token: 1 plain, more for drafts it rejected (or, before
-        # ``Stop.horizon``, verified past the stop)
+        # rows the target computed per committed token: 1 plain, more for the drafted rows it rejected
         "rows_per_token": (passes + sum(r.drafted for r in runs)) / tokens if tokens and passes else None,
         "decode_tok_s": 1e3 * tokens / decode_ms if decode_ms > 0 and has_split else None,
         "prefill_ms": statistics.median(r.prefill_ms for r in runs) if runs and has_split else None,
@@ -800,7 +799,7 @@ def _one_point(
         decode = engines["plain"].models.tokenizer.decode
         for r in runs.values():
             r.tokens = cut_at_newline(r.tokens, decode)
-    target = engines["plain"].models.target  # plain always runs: every method's prompt is its
+    target = engines["plain"].models.target  # plain always runs (``selected``): its prompt is everyone's
 
     def margin(ref_tokens: list[int], j: int) -> float:  # specls's own graph, on plain greedy's path
         return plain_greedy_margin(target, prompt, ref_tokens, j)
