@@ -14,6 +14,7 @@ from specls.decoder.api import CausalLM, DecodeSettings, KVCache
 from specls.decoder.loop import generate
 
 PLAIN = DecodeSettings()  # the prefill shape of a default decode
+FLOAT_TIE = 1e-4  # a margin below this is a floating-point tie (they measure ~1e-6); above, a bug
 
 
 class _LastLogits(KVCache):
@@ -50,6 +51,15 @@ def top2_margin(logits: np.ndarray) -> float:
     """
     top = np.sort(np.asarray(logits, dtype=np.float64))[-2:]
     return float(top[1] - top[0])
+
+
+def describe_margin(margin: float) -> str:
+    """How a benchmark reports a divergence's margin.
+
+    >>> describe_margin(3e-6), describe_margin(0.046)
+    ('top-2 margin 3.00e-06 (float tie)', 'top-2 margin 4.60e-02')
+    """
+    return f"top-2 margin {margin:.2e}" + (" (float tie)" if margin < FLOAT_TIE else "")
 
 
 def plain_greedy_margin(

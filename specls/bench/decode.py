@@ -24,6 +24,7 @@ from typing import Any
 
 from specls.bench import int_list
 from specls.decoder.api import CausalLM, KVCache
+from specls.decoder.margin import describe_margin, plain_greedy_margin
 
 OURS = ("plain", "lookup", "draft", "hybrid")
 HF = ("hf-greedy", "hf-assisted", "hf-lookup")
@@ -240,8 +241,6 @@ def _ours(engine: Any, point: Point, doc_id: str, max_tokens: int) -> Run:
 def _margin_at_divergence(models: Any, prompt: list[int], ref: list[int], got: list[int]) -> dict[str, Any]:
     """Where ``got`` first differs from ``ref``, and the target's top-2 logit margin there on plain
     greedy's own path (a float tie is ~1e-6; anything larger is a bug)."""
-    from specls.decoder.margin import plain_greedy_margin
-
     j = 0
     while j < min(len(ref), len(got)) and ref[j] == got[j]:
         j += 1
@@ -504,7 +503,7 @@ def _table(summary: dict[str, MethodSummary], methods: list[str], log: CallLog) 
         for d in nums[m]["divergences"]:
             lines.append(
                 f"  {m}: diverges from plain at token {d['position']} (ref {d['ref']} got {d['got']}), "
-                f"top-2 margin {d['top2_margin']:.2e}" + (" (float tie)" if d["top2_margin"] < 1e-4 else "")
+                + describe_margin(d["top2_margin"])
             )
     return "\n".join(lines)
 

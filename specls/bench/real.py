@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from specls.bench.decode import Point, hf_greedy, make_points, source_files
-from specls.decoder.margin import plain_greedy_margin
+from specls.decoder.margin import describe_margin, plain_greedy_margin
 
 logger = logging.getLogger(__name__)
 
@@ -725,7 +725,7 @@ def run_bench(opt: RealBenchOptions) -> int:
             for d in cells[m].first_divergence:
                 mg = d["top2_margin"]
                 where = f"point {d['point']} token {d['position']}: {d['ref']} vs {d['got']}"
-                tie = "" if mg is None else f", top-2 margin {mg:.2e}" + (" (float tie)" if mg < 1e-4 else "")
+                tie = "" if mg is None else f", {describe_margin(mg)}"
                 print(f"  {task} {m}: differs from {REFERENCE[m]} at {where}{tie}")
     if opt.json_out:
         data = {

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from specls.decoder.api import DecodeSettings
-from specls.decoder.margin import plain_greedy_margin, top2_margin
+from specls.decoder.margin import describe_margin, plain_greedy_margin, top2_margin
 from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
 
 LM = FakeLM(FakeLMConfig(vocab=32, window=2, seed=5))
@@ -66,3 +66,15 @@ def test_margin_after_a_prompt_prefilled_in_runs() -> None:
 def test_margin_position_out_of_range() -> None:
     with pytest.raises(ValueError, match="outside"):
         plain_greedy_margin(LM, PROMPT, REF, len(REF) + 1)
+
+
+@pytest.mark.parametrize(
+    "margin, text",
+    [
+        (3e-6, "top-2 margin 3.00e-06 (float tie)"),
+        (0.046, "top-2 margin 4.60e-02"),  # Not a tie: the level-4 pass-size near-tie
+        (1e-4, "top-2 margin 1.00e-04"),  # the bound itself is no tie
+    ],
+)
+def test_describe_margin(margin: float, text: str) -> None:
+    assert describe_margin(margin) == text
