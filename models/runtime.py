@@ -48,6 +48,14 @@ class RuntimeSettings:
     threads: int = 1  # intra-op threads; 0 = ONNX Runtime's default (one per physical core)
     provider: str = "auto"  # "auto" (CUDA when usable) | "cpu" | "cuda"
     spinning: bool = False  # let idle intra-op threads spin (lower latency, burns CPU)
+    # Pad every odd pass with one row whose logits and KV are dropped. ORT's CPU kernels compute a
+    # lone row differently from rows that come in pairs: MatMulNBits at accuracy_level 4 runs the last
+    # row of an odd pass through its one-row kernel, and GroupQueryAttention has a one-token path.
+    # With even passes each position's logits are bitwise the same however its tokens were split
+    # into passes (scripts/pass_rows.py; up to 0.5 apart on the int4 Qwen graphs without), so a verify
+    # pass computes what plain greedy computes. Costs ~13% on a one-token pass of the 0.5B int4; a
+    # draft model turns it off (its numbers only move acceptance, never the output).
+    even_passes: bool = True
 
 
 def _session_options(settings: RuntimeSettings) -> Any:
@@ -100,10 +108,12 @@ class _BatchInputs:
 
     lens: list[int]  # cached positions per sequence
     arrs: list[np.ndarray]  # new ids per sequence, each [n_i]
+    even: bool  # pad the new tokens to an even count (RuntimeSettings.even_passes)
 
     def __post_init__(self) -> None:
         self.news = [a.size for a in self.arrs]
         self.p_max, s_max = max(self.lens), max(self.news)
+        s_max += int(self.even and s_max % 2 == 1)
         b = len(self.lens)
         self.input_ids = np.zeros((b, s_max), dtype=np.int64)  # [b, s]; padding: token 0, masked out
         self.mask = np.zeros((b, self.p_max + s_max), dtype=np.int64)  # [b, p_max + s]
@@ -251,7 +261,14 @@ class OnnxCausalLM(CausalLM):
         out = [np.zeros((0, spec.vocab_size), dtype=np.float32) for _ in arrs]
         if not live:
             return out
-        batch = _BatchInputs([seqs[i].length for i in live], [arrs[i] for i in live])
+        for i in live:
+            seqs[i]._drop_pad()
+        # the right padding's positions run to max(length) + max(n) - 1; an even pad adds one
+        even = (
+            self.settings.even_passes
+            and max(seqs[i].length for i in live) + max(arrs[i].size for i in live) < spec.max_context
+        )
+        batch = _BatchInputs([seqs[i].length for i in live], [arrs[i] for i in live], even)
         bound = [c for c in seqs if isinstance(c, BoundKVCache)]
         if bound:  # all of them (checked above)
             logits = self._batch_on_device([bound[i] for i in live], batch)
@@ -278,7 +295,7 @@ class OnnxCausalLM(CausalLM):
             for j, cache in enumerate(seqs):
                 pad = p_max - batch.lens[j]
                 past[j, :, :pad] = 0  # masked out, but never garbage (0 * NaN would leak through)
-                past[j, :, pad:] = cache._past[k][0]
+                past[j, :, pad:] = cache._past[k][0]  # no pad row: forward_batch dropped it
             feed[name] = past
         outs = self._batch_session.run(self.output_names, feed)
         logits, presents = outs[0], outs[1:]  # [b, s, vocab]; each [b, kv, p_max + s, hd]
@@ -350,11 +367,28 @@ class OrtKVCache(KVCache):
         empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=lm.kv_dtype)
         self._past: list[np.ndarray] = [empty] * (2 * spec.num_layers)  # each [1, kv, length, hd]
         self._length = 0
+        self._pad = 0  # positions past _length that _past still holds: the last pass's pad row
         self._shared = False  # _past are views into a batched pass's presents (see compact)
 
     @property
     def length(self) -> int:
         return self._length
+
+    def _padded(self, arr: np.ndarray) -> np.ndarray:
+        """``arr`` [n], or [n + 1] with a pad token when the pass would be odd and the context has room
+        (``RuntimeSettings.even_passes``). The pad sits after every real token, so causal attention
+        keeps it out of their rows; its id is immaterial."""
+        lm = self._lm
+        if not lm.settings.even_passes or arr.size % 2 == 0 or self._length + arr.size >= lm.spec.max_context:
+            return arr
+        return np.append(arr, arr[-1])
+
+    def _drop_pad(self) -> None:
+        """Drop the last pass's pad position from the KV (a contiguous copy of the real ones)."""
+        if self._pad:
+            self._past = [np.ascontiguousarray(p[:, :, : self._length]) for p in self._past]
+            self._pad = 0
+            self._shared = False
 
     def _feed(self, arr: np.ndarray, keep: int | None = None) -> dict[str, np.ndarray]:
         """Inputs of a pass over ``arr``; ``keep``: logits for only the last that many positions (a
@@ -375,14 +409,19 @@ class OrtKVCache(KVCache):
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
-        feed = self._feed(arr, keep)
+        run = self._padded(arr)  # [n (+1 pad)]
+        pad = run.size - arr.size
+        self._drop_pad()
+        feed = self._feed(run, None if keep is None else keep + pad)
         for name, past in zip(self._lm.past_names, self._past, strict=True):
             feed[name] = past
         outs = self._lm.session.run(self._lm.output_names, feed)
-        self._past = outs[1:]  # each [1, kv, past+n, hd]
+        self._past = outs[1:]  # each [1, kv, past+n+pad, hd]; the pad position goes before the next pass
         self._shared = False
+        self._pad = pad
         self._length += arr.size
-        logits = outs[0][0]  # [n (or kept), vocab]
+        logits = outs[0][0]  # [n (or kept) + pad, vocab]
+        logits = logits[: logits.shape[0] - pad]  # [n (or kept), vocab]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
@@ -408,10 +447,11 @@ class OrtKVCache(KVCache):
         if n < 0:
             raise ValueError(f"cannot truncate to a negative length ({n})")
         if n >= self._length:
-            return
+            return  # a pad position past the end goes with the next pass
         # contiguous copies: ORT takes a contiguous buffer as is, a strided view would be copied per call
         self._past = [np.ascontiguousarray(p[:, :, :n, :]) for p in self._past]  # [1, kv, n, hd]
         self._shared = False
+        self._pad = 0
         self._length = n
 
     def compact(self) -> None:
@@ -444,11 +484,20 @@ class BoundKVCache(OrtKVCache):
         ]  # each [1, kv, length, hd] on the device
         self._past = []  # unused: the host copies of the CPU cache
 
-    def _run(self, arr: np.ndarray, logits_device: str, keep: int | None = None) -> Any:
-        """One step; returns the logits OrtValue [1, n (or keep), vocab] on ``logits_device``."""
+    def _drop_pad(self) -> None:
+        if self._pad:
+            self._dev = self._lm.device_ops(self._device).slice(self._dev, self._length)
+            self._pad = 0
+
+    def _run(self, arr: np.ndarray, logits_device: str, keep: int | None = None) -> tuple[Any, int]:
+        """One step; returns (the logits OrtValue [1, n (or keep) + pad, vocab] on ``logits_device``,
+        pad): the last ``pad`` rows belong to the pad token (``_padded``)."""
         lm = self._lm
+        run = self._padded(arr)  # [n (+1 pad)]
+        pad = run.size - arr.size
+        self._drop_pad()
         binding = lm.session.io_binding()
-        for name, value in self._feed(arr, keep).items():
+        for name, value in self._feed(run, None if keep is None else keep + pad).items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for name, past in zip(lm.past_names, self._dev, strict=True):
             binding.bind_ortvalue_input(name, past)
@@ -456,16 +505,17 @@ class BoundKVCache(OrtKVCache):
         for name in lm.present_names:
             binding.bind_output(name, self._device, 0)
         lm.session.run_with_iobinding(binding)
-        outs = binding.get_outputs()  # [logits [1, n, vocab], present k0, v0, ... (device)]
+        outs = binding.get_outputs()  # [logits [1, n + pad, vocab], present k0, v0, ... (device)]
         self._dev = list(outs[1:])
+        self._pad = pad
         self._length += arr.size
-        return outs[0]
+        return outs[0], pad
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
-        logits = self._run(arr, "cpu").numpy()[0]  # [n, vocab]
+        logits = self._run(arr, "cpu")[0].numpy()[0, : arr.size]  # [n, vocab]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
     def append(self, ids: Sequence[int]) -> None:
@@ -479,22 +529,24 @@ class BoundKVCache(OrtKVCache):
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((self._lm.spec.vocab_size,), dtype=np.float32)
-        row = self._run(arr, "cpu", keep=1).numpy()[0, -1]  # [vocab]
+        logits, pad = self._run(arr, "cpu", keep=1)
+        row = logits.numpy()[0, -1 - pad]  # [vocab]
         return row if row.dtype == np.float32 else row.astype(np.float32)
 
     def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0,), dtype=np.int64)
-        logits = self._run(arr, self._device)  # [1, n, vocab] on the device
-        return self._lm.device_ops(self._device).argmax(logits)  # [n]
+        logits, _ = self._run(arr, self._device)  # [1, n + pad, vocab] on the device
+        return self._lm.device_ops(self._device).argmax(logits)[: arr.size]  # [n]
 
     def truncate(self, n: int) -> None:
         if n < 0:
             raise ValueError(f"cannot truncate to a negative length ({n})")
         if n >= self._length:
-            return
+            return  # a pad position past the end goes with the next pass
         self._dev = self._lm.device_ops(self._device).slice(self._dev, n)
+        self._pad = 0
         self._length = n
 
 

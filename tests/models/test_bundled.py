@@ -140,3 +140,18 @@ def test_bundled_tokenizers_match_and_have_the_special_tokens() -> None:
         ):
             assert names[tok] == i
     assert vocabs[0] == vocabs[1]
+
+
+@_needs_pair
+def test_bundled_target_logits_do_not_depend_on_how_the_tokens_are_split_into_passes() -> None:
+    from specls.models.loader import bundled_dir, load_model
+    from specls.models.runtime import RuntimeSettings
+
+    from tests.models.split_check import assert_split_invariant
+
+    lm = load_model(bundled_dir("target"), RuntimeSettings(threads=1, provider="cpu"))
+    ids = lm.tokenizer.encode(
+        "import os\n\ndef walk(root):\n    for name in os.listdir(root):\n        yield name\n"
+    )
+    assert len(ids) >= 23
+    assert_split_invariant(lm, ids[:11], ids[11:23])

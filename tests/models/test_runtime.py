@@ -12,6 +12,8 @@ from specls.decoder.api import CausalLM, KVCache
 from specls.models.runtime import OnnxCausalLM, RuntimeSettings
 from specls.models.spec import SPEC_FILE, ModelLoadError
 
+from tests.models.split_check import assert_split_invariant
+
 pytestmark = pytest.mark.slow
 
 SEQ = [5, 17, 42, 99, 3, 250, 7, 7, 120, 64, 11, 290, 33, 8, 150, 201, 77]
@@ -227,3 +229,12 @@ def test_iobinding_cache_matches_numpy_cache(lms: dict[str, OnnxCausalLM], host_
         assert bound.forward([]).shape == (0, 300) and bound.forward_greedy([]).shape == (0,)
     finally:
         lm._device_ops.pop("cpu", None)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_logits_do_not_depend_on_how_the_tokens_are_split_into_passes(
+    lms: dict[str, OnnxCausalLM], arch: str
+) -> None:
+    """Speculative == plain greedy rests on this: a verify pass of k tokens must compute each row
+    exactly as k one-token passes would (ORT's one-row kernels differ: RuntimeSettings.even_passes)."""
+    assert_split_invariant(lms[arch], SEQ[:11], [*SEQ[11:], *SEQ[:6]])
