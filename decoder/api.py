@@ -72,6 +72,8 @@ BatchForward = Callable[[Sequence[KVCache], Sequence[Sequence[int]]], list[np.nd
 class CausalLM(Protocol):
     """A loaded model that can open per-sequence caches.
 
+    ``pass_granularity``: see its docstring; what the drafting policy's calibration measures.
+
     Batching (joining concurrent sequences' passes, off by default): ``enable_batching()`` loads what
     ``forward_batch`` needs and says whether it can; ``release_memory()`` gives back what batched
     passes kept once no request runs. The bodies here are a model that cannot batch.
@@ -81,6 +83,12 @@ class CausalLM(Protocol):
     def vocab_size(self) -> int: ...
 
     def new_cache(self) -> KVCache: ...
+
+    @property
+    def pass_granularity(self) -> int:
+        """A pass over n tokens computes n rounded up to a multiple of this many rows, and costs that
+        (2 for a runtime that pads odd passes for exactness: ``RuntimeSettings.even_passes``)."""
+        return 1
 
     def enable_batching(self) -> bool:
         return False

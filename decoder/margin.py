@@ -43,6 +43,19 @@ class _LastLogits(KVCache):
         return np.asarray(np.argmax(logits, axis=-1), dtype=np.int64)
 
 
+def first_difference(ref: Sequence[int], got: Sequence[int]) -> int:
+    """The first position where two decodes differ (the shorter one's length when it is a prefix of the
+    other).
+
+    >>> first_difference([5, 1, 7], [5, 2, 7]), first_difference([5, 1], [5, 1, 7])   # Not (2, 3)
+    (1, 2)
+    """
+    j = 0
+    while j < min(len(ref), len(got)) and ref[j] == got[j]:
+        j += 1
+    return j
+
+
 def top2_margin(logits: np.ndarray) -> float:
     """logits: [vocab] -> top-1 minus top-2 (0.0 for a tie).
 

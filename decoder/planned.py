@@ -169,26 +169,38 @@ class PlannedDrafter(Drafter):
 Clock = Callable[[], float]
 
 
+def _rows(n: int, k: int) -> int:
+    """The rows a pass over ``n`` tokens computes on a model of pass granularity ``k``.
+
+    >>> _rows(3, 2), _rows(4, 2), _rows(3, 1)   # Not 3: an odd pass is padded to even
+    (4, 4, 3)
+    """
+    return -(-n // k) * k
+
+
 def calibrate(
     target: CausalLM,
     draft: CausalLM | None,
     clock: Clock,
     prefix: int = 32,
-    # every g: a target that pads odd passes (RuntimeSettings.even_passes) costs the same for g = 2k-1
-    # and 2k, a step the old interpolation between 1, 3 and 8 smoothed away
-    points: Sequence[int] = tuple(range(1, 9)),
+    points: Sequence[int] = (1, 3, 8),  # the verify curve is close to linear between them
     catchup_tokens: int = 16,
     runs: int = 2,
 ) -> PassCosts:
     """Measure a pair's pass costs: a target pass over g+1 tokens for g in ``points`` (interpolated
     between them) and a one-token draft pass, both relative to a one-token target pass after a
     ``prefix``-token context, and the draft's catch-up cost per token (a ``catchup_tokens`` feed).
-    Median of ``runs`` runs each, on one cache per model (fed its prefix once, truncated back).
+    The target is measured by the rows its passes compute (``CausalLM.pass_granularity``): on a
+    target that pads odd passes g = 1 costs what a one-token pass costs and g = 2 what g = 3 costs.
+    Fastest of ``runs`` runs each (a shape's first pass also pays ORT's allocations for it), on one
+    cache per model (fed its prefix once, truncated back).
 
-    Costs a 32-token prefill and 18 passes of the target, a prefill and 4 passes of the draft at load:
+    Costs a 32-token prefill and 6-8 passes of the target, a prefill and 4 passes of the draft at load:
     4-9 s for the int4 Qwen 1.5B/0.5B pair on this 2-core CPU, milliseconds for the bundled pair."""
     vocab = target.vocab_size
-    ids = [(7 * i + 3) % vocab for i in range(prefix + max(max(points) + 1, catchup_tokens))]
+    k = max(1, target.pass_granularity)
+    rows = sorted({_rows(g + 1, k) for g in (0, *points)})  # [one-token pass, ...]
+    ids = [(7 * i + 3) % vocab for i in range(prefix + max(rows[-1], catchup_tokens))]
 
     def timer(model: CausalLM) -> Callable[[int], float]:
         cache = model.new_cache()
@@ -201,15 +213,14 @@ def calibrate(
                 cache.forward(ids[prefix : prefix + n])
                 times.append(clock() - t0)
                 cache.truncate(prefix)
-            return float(np.median(times))
+            return min(times)
 
         return timed
 
     on_target = timer(target)
-    one = max(on_target(1), 1e-9)
-    measured = {0: 1.0, **{g: on_target(g + 1) / one for g in points}}
-    xs = sorted(measured)
-    verify = tuple(float(np.interp(g, xs, [measured[x] for x in xs])) for g in range(max(points) + 1))
+    cost = [on_target(r) for r in rows]  # seconds per pass over rows[i] tokens
+    one = max(cost[0], 1e-9)
+    verify = tuple(float(np.interp(_rows(g + 1, k), rows, cost)) / one for g in range(max(points) + 1))
     if draft is None:
         return PassCosts(verify=verify, step=0.0, catchup=0.0)
     on_draft = timer(draft)

@@ -3,6 +3,13 @@
 ``OnnxCausalLM`` is the ``CausalLM`` of specls.decoder: one InferenceSession shared by every sequence;
 ``OrtKVCache`` is one sequence's KV cache.
 
+Even passes (``RuntimeSettings.even_passes``, on for a target): a pass over an odd number of tokens
+runs with one pad token after them, whose logits are dropped and whose KV position is dropped before
+the next pass (or by the decode loop's truncate). ORT's CPU kernels compute rows in pairs and a lone
+row another way, so without it a verify pass and plain greedy's one-token passes differ in the last
+bits, which int8 activation rounding grows to tenths of a logit. With it a position's logits are a
+function of its tokens alone, bitwise, however they were split into passes.
+
 CPU: past KV lives as numpy arrays; each forward feeds them and keeps the graph's ``present`` outputs
 (already past+new long) as the next past, so no concatenation happens on our side. ``truncate`` is a
 slice on the sequence axis.
@@ -189,6 +196,10 @@ class OnnxCausalLM(CausalLM):
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.spec.eos_token_ids
+
+    @property
+    def pass_granularity(self) -> int:
+        return 2 if self.settings.even_passes else 1
 
     def new_cache(self) -> OrtKVCache:
         if self.provider == "cuda":

@@ -24,7 +24,7 @@ from typing import Any
 
 from specls.bench import int_list
 from specls.decoder.api import CausalLM, KVCache
-from specls.decoder.margin import describe_margin, plain_greedy_margin
+from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
 
 OURS = ("plain", "lookup", "draft", "hybrid")
 HF = ("hf-greedy", "hf-assisted", "hf-lookup")
@@ -211,6 +211,10 @@ class TimedLM(CausalLM):
     def vocab_size(self) -> int:
         return int(self._inner.vocab_size)
 
+    @property
+    def pass_granularity(self) -> int:
+        return int(self._inner.pass_granularity)
+
     def new_cache(self) -> TimedCache:
         return TimedCache(self._inner.new_cache(), self._role, self._log)
 
@@ -241,9 +245,7 @@ def _ours(engine: Any, point: Point, doc_id: str, max_tokens: int) -> Run:
 def _margin_at_divergence(models: Any, prompt: list[int], ref: list[int], got: list[int]) -> dict[str, Any]:
     """Where ``got`` first differs from ``ref``, and the target's top-2 logit margin there on plain
     greedy's own path (a float tie is ~1e-6; anything larger is a bug)."""
-    j = 0
-    while j < min(len(ref), len(got)) and ref[j] == got[j]:
-        j += 1
+    j = first_difference(ref, got)
     return {
         "position": j,
         "ref": ref[j : j + 3],

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from specls.bench.decode import Point, hf_greedy, make_points, source_files
-from specls.decoder.margin import describe_margin, plain_greedy_margin
+from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
 
 logger = logging.getLogger(__name__)
 
@@ -431,9 +431,7 @@ def record(
     if ref is None or run.tokens == ref.tokens:
         cell.identical += 1
         return
-    j = 0
-    while j < min(len(ref.tokens), len(run.tokens)) and ref.tokens[j] == run.tokens[j]:
-        j += 1
+    j = first_difference(ref.tokens, run.tokens)
     if len(cell.first_divergence) < 5:
         cell.first_divergence.append(
             {

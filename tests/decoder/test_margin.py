@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from specls.decoder.api import DecodeSettings
-from specls.decoder.margin import describe_margin, plain_greedy_margin, top2_margin
+from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin, top2_margin
 from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
 
 LM = FakeLM(FakeLMConfig(vocab=32, window=2, seed=5))
@@ -27,6 +27,20 @@ class PassSized(FakeCache):
 class PassSizedLM(FakeLM):
     def new_cache(self) -> FakeCache:
         return PassSized(self)
+
+
+@pytest.mark.parametrize(
+    "ref, got, j",
+    [
+        ([5, 1, 7], [5, 2, 7], 1),
+        ([5, 1, 7], [5, 1, 7], 3),  # identical: past the end
+        ([5, 1], [5, 1, 7], 2),  # Not 3: a prefix differs where it ends
+        ([], [4], 0),
+        ([4, 4], [3], 0),
+    ],
+)
+def test_first_difference(ref: list[int], got: list[int], j: int) -> None:
+    assert first_difference(ref, got) == j == first_difference(got, ref)
 
 
 @pytest.mark.parametrize(

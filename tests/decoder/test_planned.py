@@ -88,14 +88,23 @@ def test_sampling_q_rows_cover_the_proposal() -> None:
 
 
 class _Clocked(CausalLM):
-    """A FakeLM whose passes advance a fake clock by fixed + per_token * n."""
+    """A FakeLM whose passes advance a fake clock by fixed + per_token * rows, rows = n rounded up to
+    a multiple of ``granularity``; ``fed`` logs each pass's n."""
 
-    def __init__(self, lm: FakeLM, clock: list[float], fixed: float, per_token: float) -> None:
+    def __init__(
+        self, lm: FakeLM, clock: list[float], fixed: float, per_token: float, granularity: int = 1
+    ) -> None:
         self.lm, self.clock, self.fixed, self.per_token = lm, clock, fixed, per_token
+        self.granularity = granularity
+        self.fed: list[int] = []
 
     @property
     def vocab_size(self) -> int:
         return self.lm.vocab_size
+
+    @property
+    def pass_granularity(self) -> int:
+        return self.granularity
 
     def new_cache(self) -> _ClockedCache:
         return _ClockedCache(self)
@@ -107,7 +116,9 @@ class _ClockedCache(FakeCache):
         self.owner = owner
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
-        self.owner.clock[0] += self.owner.fixed + self.owner.per_token * len(ids)
+        o = self.owner
+        o.fed.append(len(ids))
+        o.clock[0] += o.fixed + o.per_token * (-(-len(ids) // o.granularity) * o.granularity)
         return super().forward(ids)
 
 
@@ -124,6 +135,45 @@ def test_calibrate_recovers_the_cost_model() -> None:
     assert costs.catchup == pytest.approx((0.03 + 0.016) / 16 / one)  # a 16-token feed
     alone = calibrate(target, None, lambda: clock[0], prefix=8)
     assert alone.step == 0.0 and len(alone.verify) == 9
+
+
+def test_calibrate_measures_a_padding_target_by_its_rows() -> None:
+    """A target that pads odd passes (granularity 2): g = 1 is as cheap as a one-token pass and g = 2
+    costs what g = 3 costs; it is measured only at even sizes, so no interpolation hides the step."""
+    clock = [0.0]
+    target = _Clocked(TARGET, clock, fixed=0.10, per_token=0.01, granularity=2)
+    costs = calibrate(target, None, lambda: clock[0], prefix=32)
+    one = 0.12  # a one-token pass computes 2 rows
+    assert costs.verify[0] == costs.verify[1] == 1.0
+    assert costs.verify[2] == costs.verify[3] == pytest.approx(0.14 / one)  # Not halfway to 1.0
+    assert costs.verify[8] == pytest.approx(0.20 / one)  # 9 tokens: 10 rows
+    assert costs.verify[6] == costs.verify[7] == pytest.approx(0.18 / one)  # 8 rows, between 4 and 10
+    assert all(n % 2 == 0 for n in target.fed[1:])  # after the prefix: even passes only (2, 4, 10)
+
+
+def test_calibrate_takes_the_fastest_run() -> None:
+    """The first pass of each new shape is slow (ORT allocates for it): the fastest run counts."""
+    clock = [0.0]
+    target = _Clocked(TARGET, clock, fixed=0.10, per_token=0.01)
+    seen: set[int] = set()
+    inner = target.new_cache
+
+    def cold_first(self: _Clocked = target) -> _ClockedCache:
+        cache = inner()
+        forward = cache.forward
+
+        def slow_once(ids: Sequence[int]) -> np.ndarray:
+            if len(ids) not in seen:
+                seen.add(len(ids))
+                clock[0] += 1.0  # a cold shape
+            return forward(ids)
+
+        cache.forward = slow_once  # type: ignore[method-assign]
+        return cache
+
+    target.new_cache = cold_first  # type: ignore[method-assign]
+    costs = calibrate(target, None, lambda: clock[0], prefix=8, runs=2)
+    assert costs.verify[3] == pytest.approx(0.14 / 0.11)  # Not (0.14 + 0.5) / (0.11 + 0.5): a median
 
 
 def _copying(costs: PassCosts, **state: object) -> tuple[PlannedDrafter, PolicyState]:

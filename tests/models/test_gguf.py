@@ -11,8 +11,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
+from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
 from specls.models.export import ExportError, ExportOptions, export_model, read_report
 from specls.models.spec import load_spec
 from specls.models.tokenizer import Tokenizer
@@ -116,12 +116,10 @@ def test_specls_complete_on_gguf_export(
 
 
 def _margin(engine: OnnxEngine, prompt: list[int], ref: list[int], got: list[int]) -> str:
-    j = 0
-    while j < min(len(ref), len(got)) and ref[j] == got[j]:
-        j += 1
-    logits = engine.models.target.new_cache().forward([*prompt, *ref[:j]])[-1]
-    top = np.sort(logits.astype(np.float64))[-2:]
-    return f"diverged at token {j}: top-2 margin {top[1] - top[0]:.3e}"
+    j = first_difference(ref, got)
+    return (
+        f"diverged at token {j}: {describe_margin(plain_greedy_margin(engine.models.target, prompt, ref, j))}"
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

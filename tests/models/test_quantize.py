@@ -13,6 +13,7 @@ import pytest
 from specls.decoder.api import DecodeSettings
 from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
+from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
 from specls.models.agreement import AgreementOptions, agreement_of_dirs, compare_logits
 from specls.models.export import ExportError, ExportOptions, export_model, read_report, resolve_quantize
 from specls.models.quantize import QuantizeError, QuantizeOptions, options_for, quantize_graph
@@ -96,11 +97,8 @@ def test_speculative_equals_plain_greedy_on_int4(
 
 
 def _margin(lm: OnnxCausalLM, prompt: list[int], ref: list[int], got: list[int]) -> str:
-    j = 0
-    while j < min(len(ref), len(got)) and ref[j] == got[j]:
-        j += 1
-    top = np.sort(lm.new_cache().forward([*prompt, *ref[:j]])[-1].astype(np.float64))[-2:]
-    return f"diverged at token {j}: top-2 margin {top[1] - top[0]:.3e}"
+    j = first_difference(ref, got)
+    return f"diverged at token {j}: {describe_margin(plain_greedy_margin(lm, prompt, ref, j))}"
 
 
 def test_corrupted_quantization_fails_with_the_figure(

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from specls.decoder.api import CausalLM, DecodeSettings, KVCache
+from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
 from specls.models.loader import bundled_dir
 
 from specls.api import CompletionRequest
@@ -51,6 +52,10 @@ class CountingLM(CausalLM):
     def vocab_size(self) -> int:
         return self._inner.vocab_size
 
+    @property
+    def pass_granularity(self) -> int:
+        return self._inner.pass_granularity
+
     def new_cache(self) -> KVCache:
         return CountingCache(self._inner.new_cache(), self.calls)
 
@@ -68,12 +73,8 @@ def points() -> list[Point]:
 
 
 def margin(models: LoadedModels, prompt: list[int], ref: list[int], got: list[int]) -> str:
-    j = 0
-    while j < min(len(ref), len(got)) and ref[j] == got[j]:
-        j += 1
-    logits = models.target.new_cache().forward([*prompt, *ref[:j]])[-1]
-    top = np.sort(logits.astype(np.float64))[-2:]
-    return f"diverged at token {j}: top-2 margin {top[1] - top[0]:.3e}"
+    j = first_difference(ref, got)
+    return f"diverged at token {j}: {describe_margin(plain_greedy_margin(models.target, prompt, ref, j))}"
 
 
 def req(p: Point, doc: str, max_tokens: int = MAX) -> CompletionRequest:
@@ -212,6 +213,10 @@ class BoundOnCpu(CausalLM):
     @property
     def vocab_size(self) -> int:
         return int(self._lm.vocab_size)
+
+    @property
+    def pass_granularity(self) -> int:
+        return int(self._lm.pass_granularity)
 
     def new_cache(self) -> KVCache:
         from specls.models.runtime import BoundKVCache
