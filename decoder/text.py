@@ -107,12 +107,12 @@ class TextStop(Stop):
     incrementally (a character split across tokens is held back until complete), asks ``stop`` about
     the visible text and records where it cut (``cut``) and the text it saw (``text``). ``horizon``
     asks it about the texts a draft would make, on a fork of the decoded text; ``on_text`` is told
-    only the committed text."""
+    only the committed text. ``stop`` None: no text stop, only ``on_text`` (a stream without one)."""
 
     def __init__(
         self,
         tokenizer: Detokenizer,
-        stop: Callable[[str], int | None],
+        stop: Callable[[str], int | None] | None,
         on_text: Callable[[str], None] | None = None,
     ) -> None:
         self._text = IncrementalText(tokenizer)
@@ -135,6 +135,8 @@ class TextStop(Stop):
                 self._on_text(text)
             except Exception:  # a broken listener must not kill the completion
                 log.exception("on_text callback failed; ignoring it")
+        if self._stop is None:
+            return False
         try:
             cut = self._stop(text)
         except Exception:  # a broken stop function must not kill the completion
@@ -146,12 +148,15 @@ class TextStop(Stop):
         return True
 
     def horizon(self, tokens: Sequence[int], draft: Sequence[int]) -> int:
+        if self._stop is None:
+            return len(draft)  # nothing to ask: no draft token is decoded
+        stop = self._stop
         probe = self._text.fork()
         grown = [int(t) for t in tokens]
         for i, t in enumerate(draft):
             grown.append(int(t))
             try:
-                cut = self._stop(probe.update(grown))
+                cut = stop(probe.update(grown))
             except Exception:  # __call__ logs it when the decode gets there
                 return len(draft)
             if cut is not None:

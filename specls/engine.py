@@ -67,11 +67,6 @@ from specls.prompt import (
 logger = logging.getLogger(__name__)
 
 
-def _never(text: str) -> int | None:
-    """The text stop of a request that has none (its ``on_text`` still needs the decoded text)."""
-    return None
-
-
 @dataclass(frozen=True)
 class EngineSettings:
     """How the in-process engine loads and decodes. Field names are the CLI's and the LSP settings'
@@ -339,7 +334,7 @@ class OnnxEngine:
         text_stop = early if early is not None else request.stop
         on_text = request.on_text
         stop = (
-            TextStop(models.tokenizer, text_stop or _never, on_text)
+            TextStop(models.tokenizer, text_stop, on_text)
             if text_stop is not None or on_text is not None
             else None
         )

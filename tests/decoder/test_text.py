@@ -155,6 +155,23 @@ def test_on_text_is_told_the_committed_text_only() -> None:
     assert TextStop(Bytes(), _at_newline, broken)(list(b"a\n"))  # Not an exception: the stop still works
 
 
+def test_a_text_stop_without_a_stop_only_streams() -> None:
+    class Counting(Bytes):
+        calls = 0
+
+        def decode(self, ids: Sequence[int]) -> str:
+            Counting.calls += 1
+            return super().decode(ids)
+
+    told: list[str] = []
+    s = TextStop(Counting(), None, told.append)
+    assert not s(list(b"a\n")) and s.cut is None  # Not a stop at the newline: there is no stop
+    before = Counting.calls
+    assert s.horizon(list(b"a\n"), list(b"b\nc")) == 3
+    assert Counting.calls == before  # no draft text decoded for a stop that is not there
+    assert told == ["a\n"]
+
+
 def test_text_stop_horizon_with_a_broken_stop_is_the_whole_draft() -> None:
     def broken(text: str) -> int | None:
         raise RuntimeError("bad stop")
