@@ -394,12 +394,26 @@ class OrtKVCache(KVCache):
             return arr
         return np.append(arr, arr[-1])
 
+    def _keep(self, n: int) -> None:
+        """Keep the KV of the first n positions (exact slice on the sequence axis, no recompute)."""
+        # contiguous copies: ORT takes a contiguous buffer as is, a strided view would be copied per call
+        self._past = [np.ascontiguousarray(p[:, :, :n, :]) for p in self._past]  # [1, kv, n, hd]
+        self._shared = False
+        self._pad = 0
+        self._length = n
+
     def _drop_pad(self) -> None:
-        """Drop the last pass's pad position from the KV (a contiguous copy of the real ones)."""
+        """Drop the last pass's pad position from the KV (a copy of the real ones)."""
         if self._pad:
-            self._past = [np.ascontiguousarray(p[:, :, : self._length]) for p in self._past]
-            self._pad = 0
-            self._shared = False
+            self._keep(self._length)
+
+    def _pass_feed(self, arr: np.ndarray, keep: int | None) -> tuple[int, dict[str, np.ndarray]]:
+        """(pad tokens appended, feed without the past) of a pass over ``arr`` ([n]); drops the
+        previous pass's pad position first."""
+        run = self._padded(arr)  # [n (+1 pad)]
+        pad = run.size - arr.size
+        self._drop_pad()
+        return pad, self._feed(run, None if keep is None else keep + pad)
 
     def _feed(self, arr: np.ndarray, keep: int | None = None) -> dict[str, np.ndarray]:
         """Inputs of a pass over ``arr``; ``keep``: logits for only the last that many positions (a
@@ -420,10 +434,7 @@ class OrtKVCache(KVCache):
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
-        run = self._padded(arr)  # [n (+1 pad)]
-        pad = run.size - arr.size
-        self._drop_pad()
-        feed = self._feed(run, None if keep is None else keep + pad)
+        pad, feed = self._pass_feed(arr, keep)
         for name, past in zip(self._lm.past_names, self._past, strict=True):
             feed[name] = past
         outs = self._lm.session.run(self._lm.output_names, feed)
@@ -459,11 +470,7 @@ class OrtKVCache(KVCache):
             raise ValueError(f"cannot truncate to a negative length ({n})")
         if n >= self._length:
             return  # a pad position past the end goes with the next pass
-        # contiguous copies: ORT takes a contiguous buffer as is, a strided view would be copied per call
-        self._past = [np.ascontiguousarray(p[:, :, :n, :]) for p in self._past]  # [1, kv, n, hd]
-        self._shared = False
-        self._pad = 0
-        self._length = n
+        self._keep(n)
 
     def compact(self) -> None:
         """Own the KV again after batched passes: their views keep every batched sequence's presents
@@ -495,20 +502,18 @@ class BoundKVCache(OrtKVCache):
         ]  # each [1, kv, length, hd] on the device
         self._past = []  # unused: the host copies of the CPU cache
 
-    def _drop_pad(self) -> None:
-        if self._pad:
-            self._dev = self._lm.device_ops(self._device).slice(self._dev, self._length)
-            self._pad = 0
+    def _keep(self, n: int) -> None:
+        self._dev = self._lm.device_ops(self._device).slice(self._dev, n)  # on the device, no host trip
+        self._pad = 0
+        self._length = n
 
     def _run(self, arr: np.ndarray, logits_device: str, keep: int | None = None) -> tuple[Any, int]:
         """One step; returns (the logits OrtValue [1, n (or keep) + pad, vocab] on ``logits_device``,
         pad): the last ``pad`` rows belong to the pad token (``_padded``)."""
         lm = self._lm
-        run = self._padded(arr)  # [n (+1 pad)]
-        pad = run.size - arr.size
-        self._drop_pad()
+        pad, feed = self._pass_feed(arr, keep)
         binding = lm.session.io_binding()
-        for name, value in self._feed(run, None if keep is None else keep + pad).items():
+        for name, value in feed.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for name, past in zip(lm.past_names, self._dev, strict=True):
             binding.bind_ortvalue_input(name, past)
@@ -550,15 +555,6 @@ class BoundKVCache(OrtKVCache):
             return np.zeros((0,), dtype=np.int64)
         logits, _ = self._run(arr, self._device)  # [1, n + pad, vocab] on the device
         return self._lm.device_ops(self._device).argmax(logits)[: arr.size]  # [n]
-
-    def truncate(self, n: int) -> None:
-        if n < 0:
-            raise ValueError(f"cannot truncate to a negative length ({n})")
-        if n >= self._length:
-            return  # a pad position past the end goes with the next pass
-        self._dev = self._lm.device_ops(self._device).slice(self._dev, n)
-        self._pad = 0
-        self._length = n
 
 
 class _DeviceOps:
