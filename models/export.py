@@ -26,6 +26,7 @@ import numpy as np
 from specls.models.agreement import AgreementOptions
 from specls.models.fim import NO_FIM, PRESETS, FimTemplate, detect_template, fit_template
 from specls.models.gguf import GgufError, find_gguf, load_gguf_model, load_gguf_tokenizer
+from specls.models.kv_buffer import share_kv_buffer
 from specls.models.quantize import QUANTIZE_MODES, QuantizeError, QuantizeOptions, options_for, quantize_graph
 from specls.models.spec import LOGITS_TO_KEEP, SPEC_FILE, ModelSpec, kv_names
 from specls.models.tokenizer import Tokenizer
@@ -277,6 +278,8 @@ def export_model(
         for g in graphs:  # every graph or none: specls.json names one set of inputs
             add_logits_to_keep(out_dir / g, spec.logits_name)
         spec = replace(spec, input_names=(*spec.input_names, LOGITS_TO_KEEP))
+    if share_kv_buffer(out_dir / spec.onnx_file, spec):  # the batch graph keeps its own pasts
+        spec = replace(spec, shared_kv_buffer=True)
 
     report: dict[str, Any] = {
         "source": source,

@@ -66,6 +66,9 @@ class ModelSpec:
     # once (fused exports fix the batch to 1); None: batched passes use ``onnx_file`` if its batch axis
     # is dynamic, else the model cannot batch
     batch_onnx_file: str | None = None
+    # the graph reads the past length from attention_mask (models.kv_buffer): a past may be a buffer
+    # with spare capacity that its present is bound to, so the KV is written in place
+    shared_kv_buffer: bool = False
 
     @property
     def uses_position_ids(self) -> bool:
@@ -110,6 +113,7 @@ class ModelSpec:
             "max_context": self.max_context,
             "source": self.source,
             "batch_onnx_file": self.batch_onnx_file,
+            "shared_kv_buffer": self.shared_kv_buffer,
         }
 
     def write(self, model_dir: Path) -> Path:
@@ -204,6 +208,9 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
     batch_file = d.get("batch_onnx_file")
     if batch_file is not None and (not isinstance(batch_file, str) or Path(batch_file).name != batch_file):
         raise _err(path, f"field 'batch_onnx_file' must be a plain file name or null, got {batch_file!r}")
+    shared_kv = d.get("shared_kv_buffer", False)
+    if not isinstance(shared_kv, bool):
+        raise _err(path, f"field 'shared_kv_buffer' must be true or false, got {shared_kv!r}")
     source = d.get("source", "")
     spec = ModelSpec(
         format_version=version,
@@ -230,6 +237,7 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
         bos_token_id=bos,
         source=source if isinstance(source, str) else "",
         batch_onnx_file=batch_file,
+        shared_kv_buffer=shared_kv,
     )
     if len(set(spec.graph_inputs)) != len(spec.graph_inputs):
         raise _err(path, "graph input names overlap")

@@ -85,6 +85,7 @@ def test_spec_roundtrip(tmp_path: Path) -> None:
         ("fim", {"family": "x"}, "fim.prefix"),
         ("batch_onnx_file", "sub/model.batch.onnx", "batch_onnx_file"),
         ("batch_onnx_file", 3, "batch_onnx_file"),
+        ("shared_kv_buffer", "yes", "shared_kv_buffer"),  # Not truthy: a bool
     ],
 )
 def test_spec_bad_field(tmp_path: Path, field: str, value: object, needle: str) -> None:
