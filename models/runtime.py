@@ -10,9 +10,12 @@ row another way, so without it a verify pass and plain greedy's one-token passes
 bits, which int8 activation rounding grows to tenths of a logit. With it a position's logits are a
 function of its tokens alone, bitwise, however they were split into passes.
 
-CPU: past KV lives as numpy arrays; each forward feeds them and keeps the graph's ``present`` outputs
-(already past+new long) as the next past, so no concatenation happens on our side. ``truncate`` is a
-slice on the sequence axis.
+CPU, in place (``SharedKVCache``, for graphs marked ``shared_kv_buffer``: specls' fused exports): per
+past input one numpy buffer with spare capacity, bound through IOBinding as both the past and the
+present, so ORT's attention writes the new positions into it and no KV is copied by a pass, a
+``truncate`` or a pad drop (they move the length). Other CPU graphs (``OrtKVCache``): past KV lives
+as numpy arrays; each forward feeds them and keeps the graph's ``present`` outputs (already past+new
+long, a copy ORT makes) as the next past; ``truncate`` is a slice on the sequence axis.
 
 CUDA (``BoundKVCache``): past KV stays on the device as OrtValues bound through IOBinding; only
 ids/mask/positions go up and logits come down. ``truncate`` runs a tiny Slice graph on the device
@@ -204,7 +207,7 @@ class OnnxCausalLM(CausalLM):
     def new_cache(self) -> OrtKVCache:
         if self.provider == "cuda":
             return BoundKVCache(self, "cuda")
-        return OrtKVCache(self)
+        return SharedKVCache(self) if self.spec.shared_kv_buffer else OrtKVCache(self)
 
     def warmup(self) -> None:
         """One tiny forward so the first real request does not pay ORT's lazy initialisation."""
@@ -260,9 +263,10 @@ class OnnxCausalLM(CausalLM):
         seqs: list[OrtKVCache] = []
         arrs: list[np.ndarray] = []
         for cache, seq_ids in zip(caches, ids, strict=True):
-            if type(cache) not in (OrtKVCache, BoundKVCache) or cache._lm is not self:
-                raise TypeError("forward_batch takes this model's caches (OrtKVCache or BoundKVCache)")
-            if seqs and (type(cache) is not type(seqs[0]) or cache._device != seqs[0]._device):
+            if type(cache) not in (OrtKVCache, SharedKVCache, BoundKVCache) or cache._lm is not self:
+                raise TypeError("forward_batch takes this model's caches (host or BoundKVCache)")
+            on_device = isinstance(cache, BoundKVCache)
+            if seqs and (on_device != isinstance(seqs[0], BoundKVCache) or cache._device != seqs[0]._device):
                 raise TypeError("forward_batch takes caches of one kind on one device")
             if any(cache is s for s in seqs):
                 raise ValueError("the same cache appears twice in one batch")
@@ -306,16 +310,14 @@ class OnnxCausalLM(CausalLM):
             for j, cache in enumerate(seqs):
                 pad = p_max - batch.lens[j]
                 past[j, :, :pad] = 0  # masked out, but never garbage (0 * NaN would leak through)
-                past[j, :, pad:] = cache._past[k][0]  # no pad row: forward_batch dropped it
+                past[j, :, pad:] = cache._kv()[k][0]  # no pad row: forward_batch dropped it
             feed[name] = past
         outs = self._batch_session.run(self.output_names, feed)
         logits, presents = outs[0], outs[1:]  # [b, s, vocab]; each [b, kv, p_max + s, hd]
         for j, cache in enumerate(seqs):
             p, n = batch.lens[j], batch.news[j]
-            # views, no copy: with left padding the real positions are one contiguous range
-            cache._past = [pr[j : j + 1, :, p_max - p : p_max + n] for pr in presents]  # [1, kv, p+n, hd]
-            cache._shared = True
-            cache._length = p + n
+            # with left padding the real positions are one contiguous range
+            cache._load_kv([pr[j : j + 1, :, p_max - p : p_max + n] for pr in presents], views=True)
         return np.asarray(logits)
 
     def _batch_on_device(self, seqs: list[BoundKVCache], batch: _BatchInputs) -> np.ndarray:
@@ -402,6 +404,18 @@ class OrtKVCache(KVCache):
         self._pad = 0
         self._length = n
 
+    def _kv(self) -> list[np.ndarray]:
+        """The real positions' KV, one [1, kv, length, hd] per past input (views, no copy)."""
+        return [p[:, :, : self._length] for p in self._past]
+
+    def _load_kv(self, values: list[np.ndarray], views: bool = False) -> None:
+        """Hold ``values`` (one [1, kv, n, hd] per past input) as the whole cache; ``views``: they are
+        views into a batched pass's presents (``compact`` copies them out)."""
+        self._past = values
+        self._shared = views
+        self._pad = 0
+        self._length = values[0].shape[2]
+
     def _drop_pad(self) -> None:
         """Drop the last pass's pad position from the KV (a copy of the real ones)."""
         if self._pad:
@@ -478,6 +492,83 @@ class OrtKVCache(KVCache):
         if self._shared:
             self._past = [np.array(p, copy=True, order="C") for p in self._past]
             self._shared = False
+
+
+class SharedKVCache(OrtKVCache):
+    """A host cache whose KV the graph writes in place (``ModelSpec.shared_kv_buffer``, see
+    ``specls.models.kv_buffer``): per past input one buffer [1, kv, capacity, hd], bound through
+    IOBinding as both the past and the present, so a pass copies no KV (ORT's attention writes the new
+    positions at the cached length) and a rollback or a pad drop only moves the length. The buffers
+    grow by doubling (one copy of the real positions) when a pass would not fit."""
+
+    CAPACITY_STEP = 256  # positions; capacities are multiples of it (a grown buffer at least doubles)
+
+    def __init__(self, lm: OnnxCausalLM) -> None:
+        super().__init__(lm)
+        self._bufs: list[np.ndarray] = list(self._past)  # each [1, kv, capacity, hd]
+        self._past = []  # unused: _kv() views the buffers
+
+    @property
+    def capacity(self) -> int:
+        return self._bufs[0].shape[2]
+
+    def _reserve(self, total: int) -> None:
+        """Capacity for ``total`` positions, the real ones kept."""
+        if total <= self.capacity:
+            return
+        step = self.CAPACITY_STEP
+        want = max(2 * self.capacity, -(-total // step) * step)
+        cap = max(total, min(want, self._lm.spec.max_context))
+        grown = []
+        for buf in self._bufs:
+            new = np.zeros((*buf.shape[:2], cap, buf.shape[3]), dtype=buf.dtype)  # [1, kv, cap, hd]
+            new[:, :, : self._length] = buf[:, :, : self._length]
+            grown.append(new)
+        self._bufs = grown
+
+    def _kv(self) -> list[np.ndarray]:
+        return [b[:, :, : self._length] for b in self._bufs]
+
+    def _load_kv(self, values: list[np.ndarray], views: bool = False) -> None:
+        n = values[0].shape[2]
+        self._length = 0  # nothing of the old KV is kept
+        self._reserve(n)
+        for buf, v in zip(self._bufs, values, strict=True):
+            buf[:, :, :n] = v  # a copy: the buffers stay this cache's own
+        self._pad = 0
+        self._length = n
+
+    def _keep(self, n: int) -> None:
+        self._pad = 0  # positions from n on are overwritten by the next pass
+        self._length = n
+
+    def _forward(self, ids: Sequence[int], keep: int | None) -> np.ndarray:
+        lm = self._lm
+        arr = _check_ids(ids, lm.spec, self._length)
+        if arr.size == 0:
+            return np.zeros((0, lm.spec.vocab_size), dtype=np.float32)
+        pad, feed = self._pass_feed(arr, keep)
+        self._reserve(self._length + arr.size + pad)
+        rows = int(feed[LOGITS_TO_KEEP][0]) if lm.spec.keeps_logits else arr.size + pad
+        logits = np.empty((1, rows, lm.spec.vocab_size), dtype=lm.kv_dtype)  # [1, n (or kept) + pad, vocab]
+        binding = lm.session.io_binding()
+        for name, value in feed.items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output(
+            lm.spec.logits_name, "cpu", 0, lm.kv_dtype, list(logits.shape), logits.ctypes.data
+        )
+        for past, present, buf in zip(lm.past_names, lm.present_names, self._bufs, strict=True):
+            shape, ptr = list(buf.shape), buf.ctypes.data
+            binding.bind_input(past, "cpu", 0, lm.kv_dtype, shape, ptr)
+            binding.bind_output(present, "cpu", 0, lm.kv_dtype, shape, ptr)  # the same memory: in place
+        lm.session.run_with_iobinding(binding)
+        self._pad = pad  # the pad position is overwritten by the next pass
+        self._length += arr.size
+        out = logits[0, : rows - pad]  # [n (or kept), vocab]
+        return out if out.dtype == np.float32 else out.astype(np.float32)
+
+    def compact(self) -> None:
+        """Nothing to do: batched passes' KV is copied into the buffers (``_load_kv``)."""
 
 
 class BoundKVCache(OrtKVCache):

@@ -69,8 +69,7 @@ def measure_batching(lm: Any, settings: BatchBenchSettings) -> list[BatchTiming]
     def cache_with_past() -> Any:
         c = lm.new_cache()
         shape = (1, spec.num_kv_heads, p, spec.head_dim)
-        c._past = [rng.standard_normal(shape).astype(lm.kv_dtype) for _ in range(2 * spec.num_layers)]
-        c._length = p
+        c._load_kv([rng.standard_normal(shape).astype(lm.kv_dtype) for _ in range(2 * spec.num_layers)])
         return c
 
     out: list[BatchTiming] = []

@@ -38,8 +38,7 @@ def fused_with_batch_graph(
 
 def _copy(cache: OrtKVCache, lm: OnnxCausalLM) -> OrtKVCache:
     twin = lm.new_cache()
-    twin._past = [p.copy() for p in cache._past]
-    twin._length, twin._pad = cache.length, cache._pad  # _pad: a padded odd pass's extra position
+    twin._load_kv([p.copy() for p in cache._kv()])  # the real positions: a pad goes before a pass anyway
     return twin
 
 
@@ -59,8 +58,7 @@ def _check_batch(lm: OnnxCausalLM, prompts: list[list[int]], steps: list[list[li
                 assert np.abs(g - want).max() < 1e-4
                 assert (g.argmax(-1) == want.argmax(-1)).all()
             assert c.length == r.length
-            for a, b in zip(c._past, r._past, strict=True):  # the real positions (r may hold a pad)
-                a, b = a[:, :, : c.length], b[:, :, : r.length]
+            for a, b in zip(c._kv(), r._kv(), strict=True):  # the real positions
                 assert a.shape == b.shape
                 assert np.abs(a - b).max() < 1e-4
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from specls.decoder.api import CausalLM, KVCache
-from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+from specls.models.runtime import OnnxCausalLM, OrtKVCache, RuntimeSettings
 from specls.models.spec import SPEC_FILE, ModelLoadError
 
 from tests.models.split_check import assert_split_invariant
@@ -198,8 +198,7 @@ def test_iobinding_cache_matches_numpy_cache(lms: dict[str, OnnxCausalLM], host_
         ops._slice = ops._argmax = None  # as without the onnx package
         lm._device_ops["cpu"] = ops
     try:
-        bound, plain = BoundKVCache(lm, "cpu"), lm.new_cache()
-        assert type(plain).__name__ == "OrtKVCache"
+        bound, plain = BoundKVCache(lm, "cpu"), OrtKVCache(lm)
         for cache in (bound, plain):
             assert cache.length == 0
         steps: list[tuple[str, object]] = [
