@@ -228,3 +228,8 @@ class DecodeResult:
     prefill_tokens: int = 0
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
+    # the first pass (it ends the prompt): ms from the decode's start to its last commit, and tokens it
+    # committed. A server that samples the first token from its prefill (llama.cpp) counts that pass
+    # as prompt time: decode_ms - first_pass_ms is the like-for-like decode time (specls bench real).
+    first_pass_ms: float = 0.0
+    first_pass_tokens: int = 0

@@ -211,6 +211,8 @@ def generate(
             if len(out) >= settings.max_new_tokens:
                 reason = "max_tokens"
                 break
+        if result.target_passes == 1:
+            result.first_pass_ms, result.first_pass_tokens = (clock() - t_decode) * 1e3, len(out)
         # Valid cache positions: the base, the fed last token, and the accepted drafts, cut to seq.
         target.truncate(min(base + 1 + n_acc, len(seq) - (0 if reason else 1)))
         if not reason and settings.deadline_s is not None and clock() - t_decode >= settings.deadline_s:

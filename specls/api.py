@@ -88,6 +88,14 @@ class CompletionResult:
     def decode_ms(self) -> float:
         return self.decode.decode_ms if self.decode is not None else 0.0
 
+    @property
+    def first_pass_ms(self) -> float:
+        return self.decode.first_pass_ms if self.decode is not None else 0.0
+
+    @property
+    def first_pass_tokens(self) -> int:
+        return self.decode.first_pass_tokens if self.decode is not None else 0
+
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-able data (the decode's counts flat, without its token ids)."""
         return {

@@ -446,6 +446,17 @@ def test_a_short_prompt_tail_rides_with_the_first_pass(cached: int) -> None:
     assert out.prefill_tokens == len(PROMPT) - cached
     # 2 accepted + the target's token a pass: 4 passes, 4 forwards (Not 5: no prefill forward)
     assert out.target_passes == len(cache.forwarded) == 4 and out.accepted == 8
+    assert out.first_pass_tokens == 3  # its 2 accepted drafts + the target's token. Not 1
+
+
+def test_the_first_pass_is_timed_apart() -> None:
+    cache = TARGET.new_cache()
+    # time = number of forward calls so far: each pass takes "1 second"
+    clock = lambda: float(cache.counter.calls)  # noqa: E731
+    out = generate(cache, PROMPT, None, DecodeSettings(max_new_tokens=5), frozenset(), clock=clock)
+    assert out.tokens == REF[:5] and out.target_passes == 5
+    assert (out.first_pass_ms, out.first_pass_tokens) == (1000.0, 1)
+    assert out.decode_ms == 5000.0  # the first pass included: decode_ms - first_pass_ms is the rest
 
 
 class GreedyIdsCache(FakeCache):

@@ -383,9 +383,37 @@ def test_ratios_against_specls_plain() -> None:
         "hf-greedy": {"decode_tok_s": None, "e2e_total_ms": 4000.0},
     }
     r = ratios(nums)
-    assert r["plain"] == {"decode_x": 1.0, "e2e_x": 1.0}
-    assert r["hybrid"] == {"decode_x": 2.5, "e2e_x": 2.5}  # wrong: 0.4 (time ratio upside down)
-    assert r["hf-greedy"] == {"decode_x": None, "e2e_x": 0.25}
+    assert r["plain"] == {"decode_x": 1.0, "after_first_x": None, "e2e_x": 1.0}
+    assert r["hybrid"] == {"decode_x": 2.5, "after_first_x": None, "e2e_x": 2.5}  # wrong: 0.4 (upside down)
+    assert r["hf-greedy"] == {"decode_x": None, "after_first_x": None, "e2e_x": 0.25}
+
+
+def test_after_the_first_token_compares_llama_and_specls_like_for_like() -> None:
+    """llama-server samples the first token from its prompt pass (predicted_ms covers tokens 2..n);
+    specls' decode_ms also holds the pass over the last prompt token. Plain decoders at the same
+    100 ms a pass must come out equal after the first token."""
+    llama = parse_completion(
+        {"tokens": [1, 2, 3, 4], "timings": {"prompt_ms": 1000.0, "predicted_n": 4, "predicted_ms": 300.0}},
+        1300.0,
+    )
+    assert (llama.first_ms, llama.first_tokens) == (0.0, 1)
+    specls = Run([1, 2, 3, 4], 1300.0, 900.0, 400.0, 4, first_ms=100.0, first_tokens=1)
+    cells = {"plain": Cell(), "llama-plain": Cell()}
+    record(cells["plain"], specls, None)
+    record(cells["llama-plain"], llama, None)
+    nums = {m: summarize(c) for m, c in cells.items()}
+    assert nums["plain"]["decode_tok_s"] == pytest.approx(10.0)
+    assert nums["llama-plain"]["decode_tok_s"] == pytest.approx(1e3 * 4 / 300)  # one pass fewer: 1.33x
+    assert (
+        nums["plain"]["after_first_tok_s"] == nums["llama-plain"]["after_first_tok_s"] == pytest.approx(10.0)
+    )
+    assert nums["plain"]["ttft_ms"] == nums["llama-plain"]["ttft_ms"] == 1000.0  # specls: Not its 900 prefill
+    assert ratios(nums)["llama-plain"]["after_first_x"] == pytest.approx(1.0)
+    # a first pass that verified a draft: its extra tokens are not counted as free decode tokens
+    spec = Run([1, 2, 3, 4], 1200.0, 900.0, 300.0, 2, drafted=2, accepted=2, first_ms=200.0, first_tokens=3)
+    cell = Cell()
+    record(cell, spec, None)
+    assert summarize(cell)["after_first_tok_s"] == pytest.approx(10.0)  # 1 token in 100 ms. Not 30
 
 
 def _fake_results() -> dict[str, dict[str, Cell]]:
@@ -410,13 +438,13 @@ def test_render_table_rows_ratios_and_identical() -> None:
         (t, m) for t in ("64", "short") for m in ("plain", "hybrid", "llama-plain", "llama-ngram")
     }
     plain, hybrid, ngram = rows[("64", "plain")], rows[("64", "hybrid")], rows[("64", "llama-ngram")]
-    assert plain[2:4] == ["1.00", "8.00"] and plain[-2:] == ["1.00x", "1.00x"]
+    assert plain[2:4] == ["1.00", "8.00"] and plain[7:9] == ["1.00x", "1.00x"]
     assert hybrid[2] == "4.00" and hybrid[3] == "32.00"
-    assert hybrid[-2:] == ["4.00x", "3.00x"]  # decode 32/8, e2e 9000/3000
+    assert hybrid[7:9] == ["4.00x", "3.00x"]  # decode 32/8, e2e 9000/3000
     assert hybrid[6] == "100%"
     assert ngram[6] == "0%"  # different tokens from llama-plain
     short = rows[("short", "hybrid")]
-    assert short[-2] == "4.00x"  # against the short class's own plain, not the 64-token one
+    assert short[7] == "4.00x"  # against the short class's own plain, not the 64-token one
     md = render_table(_fake_results(), methods, markdown=True)
     assert md.splitlines()[0].startswith("| task | method |") and md.splitlines()[1].startswith("|---")
     assert "| 64 | hybrid | 4.00 | 32.00 |" in md
