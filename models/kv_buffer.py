@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SEQ_AXIS = 2  # of [batch, kv_heads, seq, head_dim] (``spec.KV_LAYOUT``)
 
 
-def share_kv_buffer(onnx_path: Path, spec: ModelSpec, check_only: bool = False) -> bool:
+def share_kv_buffer(onnx_path: Path, spec: ModelSpec) -> bool:
     """Rewrite ``onnx_path`` in place (weights stored as external data stay where they are) so its
     pasts can be capacity buffers shared with its presents (module docstring). Returns whether the
     graph is (now) such a graph; False, and the file untouched, when it is not a fused graph of that
@@ -43,8 +43,6 @@ def share_kv_buffer(onnx_path: Path, spec: ModelSpec, check_only: bool = False) 
     if reason is not None:
         log.info("%s: KV buffer not shared (%s)", onnx_path, reason)
         return False
-    if check_only:
-        return True
     if _rewrite(model.graph, {*spec.past_key_names, *spec.past_value_names}):
         onnx.save(model, str(onnx_path))
     return True
