@@ -503,14 +503,11 @@ class SharedKVCache(OrtKVCache):
 
     CAPACITY_STEP = 256  # positions; capacities are multiples of it (a grown buffer at least doubles)
 
-    def __init__(self, lm: OnnxCausalLM) -> None:
-        super().__init__(lm)
-        self._bufs: list[np.ndarray] = list(self._past)  # each [1, kv, capacity, hd]
-        self._past = []  # unused: _kv() views the buffers
+    # _past: the buffers, each [1, kv, capacity, hd]; positions from _length on are stale
 
     @property
     def capacity(self) -> int:
-        return self._bufs[0].shape[2]
+        return self._past[0].shape[2]
 
     def _reserve(self, total: int) -> None:
         """Capacity for ``total`` positions, the real ones kept."""
@@ -520,20 +517,17 @@ class SharedKVCache(OrtKVCache):
         want = max(2 * self.capacity, -(-total // step) * step)
         cap = max(total, min(want, self._lm.spec.max_context))
         grown = []
-        for buf in self._bufs:
+        for buf in self._past:
             new = np.zeros((*buf.shape[:2], cap, buf.shape[3]), dtype=buf.dtype)  # [1, kv, cap, hd]
             new[:, :, : self._length] = buf[:, :, : self._length]
             grown.append(new)
-        self._bufs = grown
-
-    def _kv(self) -> list[np.ndarray]:
-        return [b[:, :, : self._length] for b in self._bufs]
+        self._past = grown
 
     def _load_kv(self, values: list[np.ndarray], views: bool = False) -> None:
         n = values[0].shape[2]
         self._length = 0  # nothing of the old KV is kept
         self._reserve(n)
-        for buf, v in zip(self._bufs, values, strict=True):
+        for buf, v in zip(self._past, values, strict=True):
             buf[:, :, :n] = v  # a copy: the buffers stay this cache's own
         self._pad = 0
         self._length = n
@@ -557,7 +551,7 @@ class SharedKVCache(OrtKVCache):
         binding.bind_output(
             lm.spec.logits_name, "cpu", 0, lm.kv_dtype, list(logits.shape), logits.ctypes.data
         )
-        for past, present, buf in zip(lm.past_names, lm.present_names, self._bufs, strict=True):
+        for past, present, buf in zip(lm.past_names, lm.present_names, self._past, strict=True):
             shape, ptr = list(buf.shape), buf.ctypes.data
             binding.bind_input(past, "cpu", 0, lm.kv_dtype, shape, ptr)
             binding.bind_output(present, "cpu", 0, lm.kv_dtype, shape, ptr)  # the same memory: in place

@@ -72,10 +72,10 @@ def test_in_place_cache_equals_host_cache_on_every_call(exported: dict[str, Path
 def test_a_rollback_and_a_pass_that_fits_copy_no_kv(exported: dict[str, Path]) -> None:
     cache = SharedKVCache(OnnxCausalLM(exported["llama"]))
     cache.forward([5, 6, 7])  # odd: padded, the pad's KV written at position 3
-    bufs = list(cache._bufs)
+    bufs = list(cache._past)
     cache.truncate(1)
     cache.forward([8, 9])
-    assert all(a is b for a, b in zip(cache._bufs, bufs, strict=True))  # Not re-allocated
+    assert all(a is b for a, b in zip(cache._past, bufs, strict=True))  # Not re-allocated
     assert cache.length == 3 and cache.capacity == SharedKVCache.CAPACITY_STEP
 
 
