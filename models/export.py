@@ -333,6 +333,8 @@ def resolve_quantize(mode: str, dtype: str) -> str:
         return "int4" if dtype == "fp32" else "none"
     if mode not in QUANTIZE_MODES:
         raise ExportError(f"quantize must be auto or one of {QUANTIZE_MODES}, not {mode!r}")
+    if mode == "int8" and dtype != "fp32":
+        raise ExportError(f"--quantize int8 takes --dtype fp32 (its MatMulInteger kernel computes in fp32), not {dtype}")
     return mode
 
 
@@ -344,7 +346,7 @@ def _quantize_options(mode: str, options: ExportOptions) -> QuantizeOptions | No
         base,
         block_size=options.quant_block_size,
         accuracy_level=options.quant_accuracy_level,
-        embedding=options.quantize_embedding and base.bits == 4,
+        embedding=options.quantize_embedding and (base.bits == 4 or base.kernel == "integer"),
     )
 
 

@@ -37,6 +37,13 @@ class QuantizeError(EngineError):
 @dataclass(frozen=True)
 class QuantizeOptions:
     bits: int = 4  # 4 | 8
+    # "nbits": MatMulNBits (weight blocks along K, activations rounded to int8 per block inside the
+    # kernel). "integer" (8 bits only): per-channel int8 weights x per-row int8 activations through
+    # MatMulInteger (MLAS' packed u8s8 GEMM), see ``_integer_matmul``. MatMulNBits at level 4 costs a
+    # row-sized slice of a pass per extra row (1.5B int4, 1 thread: 2 rows 141 ms, 16 rows 542 ms of
+    # MatMulNBits) where the GEMM reads the weights once for all rows (a chain of 24 1536x8960 layers:
+    # int4 MatMulNBits 25 / 35 / 56 / 100 ms at 2 / 4 / 8 / 16 rows, integer 24 / 25 / 26 / 27 ms).
+    kernel: str = "nbits"
     # Measured by `specls bench quant` on Qwen2.5-Coder-1.5B-Instruct, 2 cores (AVX-512 VNNI), 2 threads,
     # accuracy_level 4 (bench/README.md "int4 settings sweep"). Block 64 vs 32: decode 13.5 vs 10.2-11.0
     # tok/s (+22-33%), prefill of 256 tokens 80-82 vs 68-76 tok/s, 1.13 vs 1.24 GB, top-1 agreement
@@ -85,7 +92,7 @@ def options_for(mode: str) -> QuantizeOptions | None:
     if mode == "none":
         return None
     if mode == "int8":
-        return QuantizeOptions(bits=8, embedding=False)
+        return QuantizeOptions(bits=8, kernel="integer", head_bits=8)
     return QuantizeOptions(bits=4, head_bits=8)
 
 
@@ -138,6 +145,56 @@ def _import_quantizer() -> Any:
     return MatMulNBitsQuantizer
 
 
+def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any], list[Any]]:
+    """``MatMul(x, W)`` -> (nodes, initializers) computing it as per-row int8 x per-channel int8:
+
+        s_w[n] = max|W[:, n]| / 127,  W_q = round(W / s_w)                       # [K, N] int8, offline
+        s_x = max(max|x[..., :]|, eps) / 127                                      # [..., 1] one per row
+        x_q = round(x / s_x) + 128                                                # uint8 in [1, 255]
+        y = float(MatMulInteger(x_q, W_q, zero point 128)) * s_x * s_w            # [..., N]
+
+    Each output row depends on its own input row only, in exact integer arithmetic, so a row's
+    result is bitwise the same whatever else is in the pass. The activations are unsigned with a
+    zero point of 128 because MLAS has VNNI kernels for u8 x s8 (s8 x s8 ran 14x slower here).
+    |x / s_x| <= 127 (up to a rounding of the division), so no clip is needed before the cast.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = weight.astype(np.float32)  # [K, N]
+    s_w = np.maximum(np.abs(w).max(axis=0), np.float32(1e-30)) / np.float32(127.0)  # [N]
+    q = np.clip(np.rint(w / s_w), -127, 127).astype(np.int8)  # [K, N]
+    p = f"{node.name or node.output[0]}_i8"
+    x, y = node.input[0], node.output[0]
+    inits = [
+        numpy_helper.from_array(q, f"{p}_w"),
+        numpy_helper.from_array(s_w.astype(np.float32), f"{p}_w_scale"),
+        numpy_helper.from_array(np.array(1e-30, np.float32), f"{p}_eps"),
+        numpy_helper.from_array(np.array(1.0 / 127.0, np.float32), f"{p}_inv127"),
+        numpy_helper.from_array(np.array(128.0, np.float32), f"{p}_128"),
+        numpy_helper.from_array(np.array(128, np.uint8), f"{p}_zp"),
+    ]
+    if opset >= 18:  # ReduceMax took its axes as an attribute before opset 18
+        inits.append(numpy_helper.from_array(np.array([-1], np.int64), f"{p}_axes"))
+        reduce = helper.make_node("ReduceMax", [f"{p}_abs", f"{p}_axes"], [f"{p}_amax"], keepdims=1)
+    else:
+        reduce = helper.make_node("ReduceMax", [f"{p}_abs"], [f"{p}_amax"], axes=[-1], keepdims=1)
+    nodes = [
+        helper.make_node("Abs", [x], [f"{p}_abs"]),
+        reduce,  # [..., 1]
+        helper.make_node("Max", [f"{p}_amax", f"{p}_eps"], [f"{p}_amax_pos"]),
+        helper.make_node("Mul", [f"{p}_amax_pos", f"{p}_inv127"], [f"{p}_x_scale"]),  # s_x: [..., 1]
+        helper.make_node("Div", [x, f"{p}_x_scale"], [f"{p}_x_div"]),
+        helper.make_node("Round", [f"{p}_x_div"], [f"{p}_x_round"]),
+        helper.make_node("Add", [f"{p}_x_round", f"{p}_128"], [f"{p}_x_shift"]),
+        helper.make_node("Cast", [f"{p}_x_shift"], [f"{p}_x_q"], to=TensorProto.UINT8),
+        helper.make_node("MatMulInteger", [f"{p}_x_q", f"{p}_w", f"{p}_zp"], [f"{p}_acc"], name=f"{p}_matmul"),
+        helper.make_node("Cast", [f"{p}_acc"], [f"{p}_acc_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", [f"{p}_acc_f", f"{p}_x_scale"], [f"{p}_row"]),
+        helper.make_node("Mul", [f"{p}_row", f"{p}_w_scale"], [y]),
+    ]
+    return nodes, inits
+
+
 def _head_matmul(model: Any, logits_name: str) -> str | None:
     """The name of the MatMul behind ``logits_name`` (through Cast/Identity/Reshape), or None."""
     producer = {out: node for node in model.graph.node for out in node.output}
@@ -176,7 +233,7 @@ def quantize_graph(
     Raises QuantizeError when the graph cannot be read or written, or when no MatMul was quantized.
     """
     import onnx
-    from onnx import helper
+    from onnx import helper, numpy_helper
 
     _import_quantizer()
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -187,7 +244,11 @@ def quantize_graph(
     src, dst = Path(src), Path(dst)
     if options.bits not in (4, 8):
         raise QuantizeError(f"bits must be 4 or 8, not {options.bits}")
-    if options.embedding and options.bits != 4:
+    if options.kernel not in ("nbits", "integer"):
+        raise QuantizeError(f"kernel must be 'nbits' or 'integer', not {options.kernel!r}")
+    if options.kernel == "integer" and options.bits != 8:
+        raise QuantizeError("the integer kernel (MatMulInteger) takes 8-bit weights only")
+    if options.embedding and options.bits != 4 and options.kernel == "nbits":
         raise QuantizeError("the embedding table can only be quantized to 4 bits (GatherBlockQuantized)")
     head_bits = options.bits if options.head_bits is None else options.head_bits
     if head_bits not in (0, 4, 8):
@@ -222,7 +283,12 @@ def quantize_graph(
             )
         )
 
-    body, head_q = quantizer(options.bits), quantizer(head_bits) if head_bits else None
+    integer = options.kernel == "integer"
+    # the integer kernel's MatMuls are built here (``_integer_matmul``); its embedding, like int4's,
+    # goes through GatherBlockQuantized at 4 bits (ORT has no 8-bit kernel for it)
+    body = quantizer(4 if integer else options.bits)
+    head_q = quantizer(head_bits) if head_bits and not (integer and head_bits == 8) else None
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     inits = {t.name: t for t in g.initializer}
     uses = Counter(i for n in g.node for i in n.input)
     new_nodes: list[Any] = []
@@ -230,7 +296,24 @@ def quantize_graph(
     try:
         for node in list(g.node):
             q, weight = None, None
-            if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+            matmul = node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits
+            if matmul and integer and (node.name != head or head_bits == 8):
+                tensor = inits[node.input[1]]
+                if tensor.data_type != 1 or len(tensor.dims) != 2:  # FLOAT, [K, N]
+                    raise QuantizeError(f"{src}: the integer kernel takes fp32 [K, N] weights ({node.name})")
+                scratch = onnx.GraphProto()
+                scratch.initializer.add().CopyFrom(tensor)
+                _load_tensor(scratch.initializer[0], src.parent)
+                out_nodes, out_inits = _integer_matmul(node, numpy_helper.to_array(scratch.initializer[0]), opset)
+                del scratch
+                g.initializer.extend(out_inits)
+                new_nodes.extend(out_nodes)
+                uses[tensor.name] -= 1
+                if uses[tensor.name] == 0:
+                    g.initializer.remove(tensor)
+                    del inits[tensor.name]
+                continue
+            if matmul:
                 q, weight = (head_q if node.name == head else body), node.input[1]
             elif node.op_type == "Gather" and options.embedding and node.input[0] in inits:
                 if len(inits[node.input[0]].dims) == 2:
@@ -270,8 +353,8 @@ def quantize_graph(
         model.ir_version = max(model.ir_version, 10)
     out = model
     counts = Counter(n.op_type for n in out.graph.node)
-    quantized = {op: counts[op] for op in ("MatMulNBits", "GatherBlockQuantized") if counts[op]}
-    if not quantized.get("MatMulNBits"):
+    quantized = {op: counts[op] for op in ("MatMulNBits", "MatMulInteger", "GatherBlockQuantized") if counts[op]}
+    if not (quantized.get("MatMulNBits") or quantized.get("MatMulInteger")):
         raise QuantizeError(f"{src}: no MatMul with a constant weight was found to quantize")
     after = sum(len(t.raw_data) for t in out.graph.initializer)
     dst.parent.mkdir(parents=True, exist_ok=True)

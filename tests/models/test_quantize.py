@@ -48,6 +48,38 @@ def int4(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFac
     return {arch: export_model(str(ckpt), root / arch, opts) for arch, ckpt in tiny_checkpoints.items()}
 
 
+@pytest.fixture(scope="module")
+def int8(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("int8")
+    opts = ExportOptions(tolerance=1e-4, quantize="int8", agreement=TINY, quant_block_size=32)
+    return {arch: export_model(str(ckpt), root / arch, opts) for arch, ckpt in tiny_checkpoints.items()}
+
+
+@pytest.fixture(params=["int4", "int8"])
+def quantized(request: pytest.FixtureRequest) -> dict[str, Path]:
+    return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_export_has_matmulinteger_and_loads(int8: dict[str, Path], arch: str) -> None:
+    d = int8[arch]
+    ops = _ops(d / "model.onnx")
+    assert ops.get("MatMulInteger", 0) >= 9, ops  # the 9 fused projections + lm_head, as int4's
+    assert "MatMulNBits" not in ops and "MatMul" not in ops, ops  # Not int4's kernel, nothing left fp32
+    assert ops.get("GatherBlockQuantized") == 1, ops  # the embedding at 4 bits, as int4's
+    assert "GroupQueryAttention" in ops
+    report = read_report(d)
+    assert report["quantize"] == "int8"
+    q = report["quantized"]["model.onnx"]
+    assert q["bits"] == 8 and q["bytes_after"] < q["bytes_before"] / 3  # Not the fp32 weights
+    a = report["agreement"]
+    assert a["positions"] >= 2000 and min(a["top1"], a["fim_top1"]) >= TINY.min_top1
+    spec = load_spec(d)
+    assert spec.keeps_logits and spec.shared_kv_buffer  # the rewrites after quantization still apply
+    logits = OnnxCausalLM(d, CPU).new_cache().forward([5, 17, 42, 99])
+    assert logits.shape == (4, 300) and np.isfinite(logits).all()
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int4_export_has_matmulnbits_and_loads(int4: dict[str, Path], arch: str) -> None:
     d = int4[arch]
@@ -73,10 +105,10 @@ def test_int4_export_has_matmulnbits_and_loads(int4: dict[str, Path], arch: str)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_speculative_equals_plain_greedy_on_int4(
-    int4: dict[str, Path], exported: dict[str, Path], arch: str
+def test_speculative_equals_plain_greedy_on_quantized(
+    quantized: dict[str, Path], exported: dict[str, Path], arch: str
 ) -> None:
-    target = OnnxCausalLM(int4[arch], CPU)
+    target = OnnxCausalLM(quantized[arch], CPU)
     draft = OnnxCausalLM(exported[arch], CPU)  # the fp32 graph as the draft: it disagrees sometimes
     tok = target.tokenizer
     prompts = [tok.encode(t) for t in ("def add(a, b):\n", "for i in range(10):\n    print(", "class Point:")]
@@ -93,7 +125,7 @@ def test_speculative_equals_plain_greedy_on_int4(
             assert spec.tokens == plain.tokens, _margin(target, prompt, plain.tokens, spec.tokens)
             accepted += spec.accepted
         assert len(plain.tokens) == 24
-    assert accepted > 0  # the drafters really proposed tokens that the int4 target accepted
+    assert accepted > 0  # the drafters really proposed tokens that the quantized target accepted
 
 
 def _margin(lm: OnnxCausalLM, prompt: list[int], ref: list[int], got: list[int]) -> str:
@@ -178,16 +210,18 @@ def test_int8_plain_graph(
     exported: dict[str, Path], tiny_checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
     """int8 on the plain (unfused) graph: every projection quantized, attention's activation MatMuls
-    and the embedding left alone; 8 bits stay close to fp32."""
+    left alone; the 8-bit MatMuls stay close to fp32 (the embedding kept here: at 4 bits, as int8
+    ships it, the tiny model's flat distributions agree 80.6%)."""
     plain = tmp_path / "plain"
     export_model(str(tiny_checkpoints["qwen2"]), plain, ExportOptions(tolerance=1e-4, ort_fusions="none"))
     d = tmp_path / "int8"
-    r = quantize_graph(plain / "model.onnx", d / "model.onnx", options_for("int8") or QuantizeOptions())
+    options = replace(options_for("int8") or QuantizeOptions(), embedding=False)
+    r = quantize_graph(plain / "model.onnx", d / "model.onnx", options)
     for f in ("tokenizer.json", SPEC_FILE):
         (d / f).write_bytes((plain / f).read_bytes())
     ops = _ops(d / "model.onnx")
-    assert r.bits == 8 and ops.get("MatMulNBits") == 15, ops  # 2 x 7 projections + lm_head
-    assert "GatherBlockQuantized" not in ops  # int8 keeps the embedding (no 8-bit Gather kernel)
+    assert r.bits == 8 and ops.get("MatMulInteger") == 15, ops  # 2 x 7 projections + lm_head
+    assert "MatMulNBits" not in ops and "GatherBlockQuantized" not in ops, ops
     assert ops.get("MatMul") == r.left_matmuls == 4  # Q.K^T and P.V per layer: activations, not weights
     a = agreement_of_dirs(plain, d, replace(TINY, positions=1024))
     assert a.top1 > 0.9 and a.mean_kl < 1e-3  # Not int4-like: 8 bits agree on nearly every position
@@ -199,17 +233,22 @@ def test_int8_plain_graph(
 def test_quantize_options_and_errors(exported: dict[str, Path], tmp_path: Path) -> None:
     assert options_for("none") is None
     assert options_for("int4") == QuantizeOptions(bits=4, head_bits=8)  # Not a 4-bit LM head
-    assert options_for("int8") == QuantizeOptions(bits=8, embedding=False)
+    assert options_for("int8") == QuantizeOptions(bits=8, kernel="integer", head_bits=8)  # Not MatMulNBits
     with pytest.raises(QuantizeError, match="quantize must be"):
         options_for("int3")
     with pytest.raises(QuantizeError, match="only be quantized to 4 bits"):
         quantize_graph(exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(bits=8))
+    with pytest.raises(QuantizeError, match="8-bit weights only"):
+        quantize_graph(exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(kernel="integer"))
+    with pytest.raises(QuantizeError, match="kernel must be"):
+        quantize_graph(exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(kernel="gemm"))
     (tmp_path / "junk.onnx").write_bytes(b"not a graph")
     with pytest.raises(QuantizeError, match="cannot load"):
         quantize_graph(tmp_path / "junk.onnx", tmp_path / "y.onnx", QuantizeOptions())
     # auto: int4 on the CPU graph (fp32), none on the CUDA graph (fp16) — Not int4 everywhere
     assert [resolve_quantize("auto", d) for d in ("fp32", "fp16")] == ["int4", "none"]
-    assert resolve_quantize("int8", "fp16") == "int8"
+    with pytest.raises(ExportError, match="int8 takes --dtype fp32"):  # MatMulInteger: fp32 activations
+        resolve_quantize("int8", "fp16")
     with pytest.raises(ExportError, match="quantize must be"):
         resolve_quantize("int2", "fp32")
 
@@ -345,12 +384,58 @@ def test_stored_logits_replay_in_order(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_int4_logits_do_not_depend_on_how_the_tokens_are_split_into_passes(
-    int4: dict[str, Path], arch: str
+def test_quantized_logits_do_not_depend_on_how_the_tokens_are_split_into_passes(
+    quantized: dict[str, Path], arch: str
 ) -> None:
     """The int8-activation MatMulNBits path computes the last row of an odd pass with its one-row
     kernel: without even passes a verify pass and plain greedy differ here (up to 0.5 on the Qwen
-    int4 graphs), so speculative decoding would not equal plain greedy."""
-    lm = OnnxCausalLM(int4[arch], CPU)
+    int4 graphs), so speculative decoding would not equal plain greedy. int8's MatMulInteger rows
+    are independent, but its activations' int8 rounding would still carry GroupQueryAttention's
+    one-token path into every later layer."""
+    lm = OnnxCausalLM(quantized[arch], CPU)
     ids = lm.tokenizer.encode("def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i * i)\n")
     assert_split_invariant(lm, ids[:11], ids[11:23])
+
+
+def _one_matmul(tmp_path: Path, w: np.ndarray) -> Path:
+    """A graph computing ``Y = MatMul(A, W)``, A: [1, M, K] (the exporter's [batch, seq, hidden])."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, "M", w.shape[0]])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, "M", w.shape[1]])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "W"], ["Y"], name="proj")], "g", [a], [y], [numpy_helper.from_array(w, "W")]
+    )
+    path = tmp_path / "one.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path
+
+
+def test_integer_matmul_is_the_formula_and_rows_are_independent(tmp_path: Path) -> None:
+    """int8's MatMul: per-channel int8 weights x per-row int8 activations. ORT's output is the
+    docstring's formula computed in numpy, bitwise; a row's output is the same whatever other rows
+    share its pass (Not: one scale for the whole pass, as DynamicQuantizeLinear has); a zero row
+    gives zeros (Not NaN from a zero scale)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((96, 40)) * 0.05).astype(np.float32)  # [K, N]
+    r = quantize_graph(_one_matmul(tmp_path, w), tmp_path / "q.onnx", options_for("int8") or QuantizeOptions())
+    assert r.quantized == {"MatMulInteger": 1} and r.left_matmuls == 0
+    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 9, 96)).astype(np.float32) * np.arange(1, 10, dtype=np.float32)[None, :, None]
+    x[0, 4] = 0.0
+    full = sess.run(None, {"A": x})[0]  # [1, 9, 40]
+
+    s_w = np.abs(w).max(axis=0) / np.float32(127.0)  # [N]
+    q_w = np.rint(w / s_w).astype(np.int32)  # [K, N]
+    s_x = np.maximum(np.abs(x).max(axis=-1, keepdims=True), np.float32(1e-30)) * np.float32(1.0 / 127.0)
+    q_x = (np.rint(x / s_x) + np.float32(128.0)).astype(np.int32) - 128  # [1, 9, K]
+    want = ((q_x @ q_w).astype(np.float32) * s_x) * s_w  # [1, 9, N]
+    np.testing.assert_array_equal(full, want)
+    assert np.abs(full - x @ w).max() < 0.02 * np.abs(x @ w).max()  # and it is still the product
+    assert not full[0, 4].any()
+    for m in range(1, 10):  # every pass size, odd ones included: rows computed alone
+        np.testing.assert_array_equal(sess.run(None, {"A": x[:, :m]})[0], full[:, :m])
+        np.testing.assert_array_equal(sess.run(None, {"A": x[:, m - 1 : m]})[0], full[:, m - 1 : m])
