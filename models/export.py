@@ -334,7 +334,9 @@ def resolve_quantize(mode: str, dtype: str) -> str:
     if mode not in QUANTIZE_MODES:
         raise ExportError(f"quantize must be auto or one of {QUANTIZE_MODES}, not {mode!r}")
     if mode == "int8" and dtype != "fp32":
-        raise ExportError(f"--quantize int8 takes --dtype fp32 (its MatMulInteger kernel computes in fp32), not {dtype}")
+        raise ExportError(
+            f"--quantize int8 takes --dtype fp32 (its MatMulInteger kernel computes in fp32), not {dtype}"
+        )
     return mode
 
 

@@ -187,7 +187,9 @@ def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any
         helper.make_node("Round", [f"{p}_x_div"], [f"{p}_x_round"]),
         helper.make_node("Add", [f"{p}_x_round", f"{p}_128"], [f"{p}_x_shift"]),
         helper.make_node("Cast", [f"{p}_x_shift"], [f"{p}_x_q"], to=TensorProto.UINT8),
-        helper.make_node("MatMulInteger", [f"{p}_x_q", f"{p}_w", f"{p}_zp"], [f"{p}_acc"], name=f"{p}_matmul"),
+        helper.make_node(
+            "MatMulInteger", [f"{p}_x_q", f"{p}_w", f"{p}_zp"], [f"{p}_acc"], name=f"{p}_matmul"
+        ),
         helper.make_node("Cast", [f"{p}_acc"], [f"{p}_acc_f"], to=TensorProto.FLOAT),
         helper.make_node("Mul", [f"{p}_acc_f", f"{p}_x_scale"], [f"{p}_row"]),
         helper.make_node("Mul", [f"{p}_row", f"{p}_w_scale"], [y]),
@@ -304,7 +306,9 @@ def quantize_graph(
                 scratch = onnx.GraphProto()
                 scratch.initializer.add().CopyFrom(tensor)
                 _load_tensor(scratch.initializer[0], src.parent)
-                out_nodes, out_inits = _integer_matmul(node, numpy_helper.to_array(scratch.initializer[0]), opset)
+                out_nodes, out_inits = _integer_matmul(
+                    node, numpy_helper.to_array(scratch.initializer[0]), opset
+                )
                 del scratch
                 g.initializer.extend(out_inits)
                 new_nodes.extend(out_nodes)
@@ -353,7 +357,9 @@ def quantize_graph(
         model.ir_version = max(model.ir_version, 10)
     out = model
     counts = Counter(n.op_type for n in out.graph.node)
-    quantized = {op: counts[op] for op in ("MatMulNBits", "MatMulInteger", "GatherBlockQuantized") if counts[op]}
+    quantized = {
+        op: counts[op] for op in ("MatMulNBits", "MatMulInteger", "GatherBlockQuantized") if counts[op]
+    }
     if not (quantized.get("MatMulNBits") or quantized.get("MatMulInteger")):
         raise QuantizeError(f"{src}: no MatMul with a constant weight was found to quantize")
     after = sum(len(t.raw_data) for t in out.graph.initializer)

@@ -239,7 +239,9 @@ def test_quantize_options_and_errors(exported: dict[str, Path], tmp_path: Path) 
     with pytest.raises(QuantizeError, match="only be quantized to 4 bits"):
         quantize_graph(exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(bits=8))
     with pytest.raises(QuantizeError, match="8-bit weights only"):
-        quantize_graph(exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(kernel="integer"))
+        quantize_graph(
+            exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(kernel="integer")
+        )
     with pytest.raises(QuantizeError, match="kernel must be"):
         quantize_graph(exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(kernel="gemm"))
     (tmp_path / "junk.onnx").write_bytes(b"not a graph")
@@ -405,7 +407,11 @@ def _one_matmul(tmp_path: Path, w: np.ndarray) -> Path:
     a = helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, "M", w.shape[0]])
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, "M", w.shape[1]])
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["A", "W"], ["Y"], name="proj")], "g", [a], [y], [numpy_helper.from_array(w, "W")]
+        [helper.make_node("MatMul", ["A", "W"], ["Y"], name="proj")],
+        "g",
+        [a],
+        [y],
+        [numpy_helper.from_array(w, "W")],
     )
     path = tmp_path / "one.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
@@ -421,7 +427,9 @@ def test_integer_matmul_is_the_formula_and_rows_are_independent(tmp_path: Path) 
 
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((96, 40)) * 0.05).astype(np.float32)  # [K, N]
-    r = quantize_graph(_one_matmul(tmp_path, w), tmp_path / "q.onnx", options_for("int8") or QuantizeOptions())
+    r = quantize_graph(
+        _one_matmul(tmp_path, w), tmp_path / "q.onnx", options_for("int8") or QuantizeOptions()
+    )
     assert r.quantized == {"MatMulInteger": 1} and r.left_matmuls == 0
     sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
     x = rng.standard_normal((1, 9, 96)).astype(np.float32) * np.arange(1, 10, dtype=np.float32)[None, :, None]
