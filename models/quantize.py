@@ -1,8 +1,12 @@
-"""Weight-only quantization of an exported graph with ONNX Runtime's ``MatMulNBitsQuantizer``.
+"""Quantization of an exported graph's constant-weight MatMuls (projections and the LM head).
 
-Every MatMul whose weight is a constant (attention/MLP projections and the LM head) becomes a
-``com.microsoft.MatMulNBits`` node holding 4- or 8-bit blocks (the LM head: 8 bits by default) of ``block_size`` weights along K with one
-scale per block; activations stay in the graph's dtype (fp32 on CPU, fp16 for CUDA). With ``embedding``
+int4 (``kernel="nbits"``): each becomes a ``com.microsoft.MatMulNBits`` node (ORT's
+``MatMulNBitsQuantizer``) holding 4- or 8-bit blocks (the LM head: 8 bits by default) of
+``block_size`` weights along K with one scale per block; activations stay in the graph's dtype (fp32
+on CPU, fp16 for CUDA). int8 (``kernel="integer"``, fp32 graphs): per-channel int8 weights and
+per-row int8 activations through the standard ``MatMulInteger`` (``_integer_matmul``), built here
+because ORT's quantizers only offer per-tensor activation scales (``DynamicQuantizeLinear``), which
+would make a row's result depend on the other rows of its pass. With ``embedding``
 the token-embedding Gather becomes ``GatherBlockQuantized`` (4 bits only: ORT has no 8-bit kernel for
 it), which dequantizes only the looked-up rows at run time.
 

@@ -1,8 +1,8 @@
-"""``specls bench quant``: which int4 settings to ship, measured in one run against the fp32 export.
+"""``specls bench quant``: which quantization to ship, measured in one run against the fp32 export.
 
 Given an fp32 model dir (``specls export --quantize none``), every variant of a grid -- block size
-x ``accuracy_level`` of ``MatMulNBits``, plus the embedding table kept vs quantized at one point of
-the grid -- is quantized with ``models.quantize.quantize_graph`` into a scratch dir (graph, the fp32
+x ``accuracy_level`` of int4 ``MatMulNBits``, the embedding table kept vs quantized at one point of
+the grid, and int8 (``MatMulInteger``, ``--quantize int8``) -- is quantized with ``models.quantize.quantize_graph`` into a scratch dir (graph, the fp32
 dir's tokenizer and ``specls.json``, as ``specls export`` assembles a quantized dir) and measured
 next to the fp32 reference with the same thread count:
 
@@ -58,33 +58,43 @@ class Variant:
     block_size: int | None = None
     accuracy_level: int = 0
     embedding: bool = True  # the embedding table as GatherBlockQuantized (int4) or kept fp32
+    kernel: str = "nbits"  # "integer": --quantize int8 (block_size and accuracy_level unused)
 
     @property
     def name(self) -> str:
+        keep = "" if self.embedding else "-keep-emb"
+        if self.kernel == "integer":
+            return "int8" + keep
         if self.block_size is None:
             return "fp32"
-        return f"b{self.block_size}-l{self.accuracy_level}" + ("" if self.embedding else "-keep-emb")
+        return f"b{self.block_size}-l{self.accuracy_level}" + keep
 
     @property
-    def weights_key(self) -> tuple[int | None, bool]:
+    def weights_key(self) -> tuple[int | None, bool, str]:
         """Variants with the same key hold the same quantized blocks (they differ in accuracy_level)."""
-        return (self.block_size, self.embedding)
+        return (self.block_size, self.embedding, self.kernel)
 
 
 def variant_grid(
-    blocks: Sequence[int], levels: Sequence[int], embedding: bool, embedding_at: tuple[int, int] | None
+    blocks: Sequence[int],
+    levels: Sequence[int],
+    embedding: bool,
+    embedding_at: tuple[int, int] | None,
+    int8: bool = False,
 ) -> list[Variant]:
     """The fp32 reference, then blocks x levels with the default ``embedding``, then (if
-    ``embedding_at`` = (block, level) is given) the other embedding choice at that point. Ordered so
-    that the variants sharing quantized weights are neighbours.
+    ``embedding_at`` = (block, level) is given) the other embedding choice at that point, then int8
+    if asked. Ordered so that the variants sharing quantized weights are neighbours.
 
-    Example: blocks (32, 64), levels (4, 0), embedding True, embedding_at (32, 4) ->
-    fp32, b32-l4, b32-l0, b64-l4, b64-l0, b32-l4-keep-emb.
+    Example: blocks (32, 64), levels (4, 0), embedding True, embedding_at (32, 4), int8 ->
+    fp32, b32-l4, b32-l0, b64-l4, b64-l0, b32-l4-keep-emb, int8.
     """
     grid = [Variant()]
     grid += [Variant(b, lv, embedding) for b in blocks for lv in levels]
     if embedding_at is not None:
         grid.append(Variant(embedding_at[0], embedding_at[1], not embedding))
+    if int8:
+        grid.append(Variant(kernel="integer", embedding=embedding))
     return list(dict.fromkeys(grid))  # a repeated block or level once
 
 
@@ -95,6 +105,7 @@ class QuantBenchOptions:
     levels: tuple[int, ...] = LEVELS
     embedding_at: tuple[int, int] | None = None  # None = the QuantizeOptions default block/level
     no_embedding_variant: bool = False
+    int8: bool = True  # also measure --quantize int8
     threads: int = 2
     extra_decode_threads: int | None = None  # also decode with this many threads (a second session)
     prompt_tokens: int = 256
@@ -144,6 +155,7 @@ def register(sub: Any) -> None:
         help="BLOCK/LEVEL where the other embedding choice is measured (default: the shipped defaults)",
     )
     p.add_argument("--no-embedding-variant", action="store_true", help="skip the embedding variant")
+    p.add_argument("--no-int8", action="store_true", help="skip the int8 (MatMulInteger) variant")
     p.add_argument(
         "--threads", type=int, default=QuantBenchOptions.threads, help="ORT threads, every variant"
     )
@@ -178,6 +190,7 @@ def options_from_args(args: argparse.Namespace) -> QuantBenchOptions:
         levels=int_list(args.levels),
         embedding_at=at,
         no_embedding_variant=args.no_embedding_variant,
+        int8=not args.no_int8,
         threads=max(1, args.threads),
         extra_decode_threads=args.extra_decode_threads,
         prompt_tokens=args.prompt_tokens,
@@ -379,7 +392,11 @@ def run_bench(opt: QuantBenchOptions, progress: Callable[[str], None] = lambda m
     base = options_for("int4")
     assert base is not None
     at = opt.embedding_at or (QuantizeOptions.block_size, QuantizeOptions.accuracy_level)
-    grid = variant_grid(opt.blocks, opt.levels, base.embedding, None if opt.no_embedding_variant else at)
+    grid = variant_grid(
+        opt.blocks, opt.levels, base.embedding, None if opt.no_embedding_variant else at, opt.int8
+    )
+    int8 = options_for("int8")
+    assert int8 is not None
     agree = AgreementOptions(positions=opt.positions, window=opt.window, seed=opt.seed, threads=opt.threads)
 
     # the fp32 logits of every scored window, computed once (positions x vocab float32: 2,048 x 152k
@@ -404,10 +421,16 @@ def run_bench(opt: QuantBenchOptions, progress: Callable[[str], None] = lambda m
         built: dict[tuple[int | None, bool], tuple[Path, str]] = {}
         for v in grid[1:]:
             row = Row(v.name)
-            options = replace(
-                base, block_size=v.block_size or 32, accuracy_level=v.accuracy_level, embedding=v.embedding
-            )
-            vdir = scratch / f"b{v.block_size}-emb{int(v.embedding)}"
+            if v.kernel == "integer":
+                options = replace(int8, embedding=v.embedding)
+            else:
+                options = replace(
+                    base,
+                    block_size=v.block_size or 32,
+                    accuracy_level=v.accuracy_level,
+                    embedding=v.embedding,
+                )
+            vdir = scratch / f"{v.kernel}-b{v.block_size}-emb{int(v.embedding)}"
             if v.weights_key in built:
                 vdir, row.shared_with = built[v.weights_key]
                 progress(f"{v.name}: accuracy_level {v.accuracy_level} on {row.shared_with}'s graph")

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from specls.decoder.api import DecodeSettings, Drafter
-from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.drafters import (
+    DrafterSettings,
+    DraftModelDrafter,
+    HybridDrafter,
+    PromptLookupDrafter,
+    draft_view_start,
+)
 from specls.decoder.ngram import NgramIndex
 from specls.decoder.testing import FakeLM, FakeLMConfig
 
@@ -180,3 +186,35 @@ def test_draft_model_catch_up_asks_for_the_last_row_only() -> None:
     assert drafter.propose(ctx, 4) == LM.greedy(ctx, 4)
     cache = drafter._cache
     assert isinstance(cache, LastRowCache) and cache.last_calls == [len(ctx)]  # Not the 1-token steps
+
+
+@pytest.mark.parametrize(
+    ("n", "window", "want"),
+    [
+        (100, 256, 0),
+        (256, 256, 0),  # exactly the window: all of it. Not 128
+        (257, 256, 128),  # one past: the first stride. Not 1 (a start that moves every token)
+        (384, 256, 128),
+        (385, 256, 256),
+        (700, 256, 512),  # at most the window: 188 tokens. Not 384 (316 tokens)
+        (10_000, 0, 0),  # 0: the whole context
+        (5, 1, 4),  # a window of 1: a stride of 1
+    ],
+)
+def test_draft_view_start(n: int, window: int, want: int) -> None:
+    start = draft_view_start(n, window)
+    assert start == want
+    assert window <= 0 or n - start <= max(window, 1)
+
+
+def test_draft_model_sees_the_context_tail_and_keeps_it_cached() -> None:
+    drafter = DraftModelDrafter(LM, DrafterSettings(draft_window=8))
+    ctx = list(range(1, 19))  # 18 tokens: the view starts at 12 (stride 4)
+    assert drafter.propose(ctx, 3) == LM.greedy(ctx[12:], 3)
+    assert drafter.forward_tokens == 6 + 2  # the 6-token view, not the 18-token context, then 2 steps
+    assert drafter.behind(ctx + [5]) == 1  # the next token extends the cached view. Not 7
+    before = drafter.forward_tokens
+    longer = ctx + [5, 6, 7]  # 21 tokens: the start moves to 16 and the new view is fed whole
+    assert drafter.propose(longer, 2) == LM.greedy(longer[16:], 2)
+    assert drafter.forward_tokens - before == 5 + 1
+    assert drafter.behind(ctx) == 6  # a context whose view starts elsewhere: all of its view

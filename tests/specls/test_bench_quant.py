@@ -22,7 +22,7 @@ from specls.bench.quant import (
 
 
 @pytest.mark.parametrize(
-    ("blocks", "levels", "embedding", "at", "want"),
+    ("blocks", "levels", "embedding", "at", "want", "int8"),
     [
         # the level-sharing neighbours stay together; the embedding variant comes last
         (
@@ -31,25 +31,29 @@ from specls.bench.quant import (
             True,
             (32, 4),
             ["fp32", "b32-l4", "b32-l0", "b64-l4", "b64-l0", "b32-l4-keep-emb"],
+            False,
         ),
         # no embedding variant: wrong would be a stray keep-emb row
-        ((128,), (0,), True, None, ["fp32", "b128-l0"]),
+        ((128,), (0,), True, None, ["fp32", "b128-l0"], False),
         # a repeated block is measured once (wrong: two b32-l4 rows)
-        ((32, 32), (4,), True, None, ["fp32", "b32-l4"]),
+        ((32, 32), (4,), True, None, ["fp32", "b32-l4"], False),
         # default embedding kept: the extra variant quantizes it (wrong: a second kept row)
-        ((32,), (4,), False, (32, 4), ["fp32", "b32-l4-keep-emb", "b32-l4"]),
+        ((32,), (4,), False, (32, 4), ["fp32", "b32-l4-keep-emb", "b32-l4"], False),
+        # int8 last, with the default embedding (wrong: "fp32" for a variant without a block size)
+        ((64,), (4,), True, None, ["fp32", "b64-l4", "int8"], True),
     ],
 )
 def test_variant_grid(
-    blocks: tuple[int, ...], levels: tuple[int, ...], embedding: bool, at: Any, want: list[str]
+    blocks: tuple[int, ...], levels: tuple[int, ...], embedding: bool, at: Any, want: list[str], int8: bool
 ) -> None:
-    assert [v.name for v in variant_grid(blocks, levels, embedding, at)] == want
+    assert [v.name for v in variant_grid(blocks, levels, embedding, at, int8)] == want
 
 
 def test_weights_key_groups_levels_only() -> None:
     assert Variant(32, 0).weights_key == Variant(32, 4).weights_key
     assert Variant(32, 4).weights_key != Variant(64, 4).weights_key
     assert Variant(32, 4).weights_key != Variant(32, 4, embedding=False).weights_key
+    assert Variant().weights_key != Variant(kernel="integer").weights_key  # int8 is not fp32's graph
 
 
 def test_common_prefix() -> None:
@@ -138,11 +142,13 @@ def test_sweep_end_to_end_on_a_tiny_model(tiny_fp32: Path, tmp_path: Path) -> No
         json_out=tmp_path / "out.json",
     )
     rows = run_bench(opt)
-    assert [r.variant for r in rows] == ["fp32", "b32-l4", "b32-l0", "b32-l4-keep-emb"]
-    fp32, l4, l0, keep = rows
+    assert [r.variant for r in rows] == ["fp32", "b32-l4", "b32-l0", "b32-l4-keep-emb", "int8"]
+    fp32, l4, l0, keep, int8 = rows
     assert l4.quantize_s is not None and l4.quantize_peak_rss and l4.quantize_peak_rss > 0
     assert l0.shared_with == "b32-l4" and l0.quantize_s is None
     assert keep.size_bytes > l4.size_bytes  # the fp32 embedding table is bigger than its int4 blocks
+    assert int8.shared_with is None and int8.quantize_s is not None  # its own graph, not b32's
+    assert l4.size_bytes < int8.size_bytes < fp32.size_bytes  # 8-bit weights: between int4 and fp32
     for r in rows[1:]:
         assert r.top1 is not None and 0.0 <= r.top1 <= 1.0 and r.mean_kl is not None and r.mean_kl >= 0
         assert r.agreement_positions == 64 and len(r.decoded) == 4
