@@ -59,15 +59,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--quantize",
         choices=("auto", "int4", "int8", "none"),
         default="auto",
-        help="weight-only quantization of every MatMul (LM head included) with ONNX Runtime's MatMulNBits "
-        "(auto: int4 for --dtype fp32, the CPU graph, for models of 50M+ weights; none for fp16, the CUDA "
-        "graph). A quantized graph "
+        help="quantization of every MatMul with a constant weight (LM head included): int8 = per-channel "
+        "int8 weights x per-row int8 activations (MatMulInteger; fp32 graphs), int4 = ONNX Runtime's "
+        "MatMulNBits (auto: int8 for --dtype fp32, the CPU graph, for models of 50M+ weights; none for fp16, "
+        "the CUDA graph). A quantized graph "
         "must agree with the unquantized one on held-out code or the export fails",
     )
     p.add_argument(
         "--keep-embedding",
         action="store_true",
-        help="int4: keep the embedding table in the graph's dtype instead of GatherBlockQuantized",
+        help="keep the embedding table in the graph's dtype instead of GatherBlockQuantized (4 bits)",
     )
     p.add_argument(
         "--agreement-floor",

@@ -60,7 +60,9 @@ class RuntimeSettings:
     spinning: bool = False  # let idle intra-op threads spin (lower latency, burns CPU)
     # Pad every odd pass with one row whose logits and KV are dropped. ORT's CPU kernels compute a
     # lone row differently from rows that come in pairs: MatMulNBits at accuracy_level 4 runs the last
-    # row of an odd pass through its one-row kernel, and GroupQueryAttention has a one-token path.
+    # row of an odd pass through its one-row kernel, and GroupQueryAttention has a one-token path
+    # (int8's MatMulInteger rows are independent, but that path alone moved the int8 1.5B's logits by
+    # 2.2 through the next layers' int8 rounding).
     # With even passes each position's logits are bitwise the same however its tokens were split
     # into passes (scripts/pass_rows.py; up to 0.5 apart on the int4 Qwen graphs without), so a verify
     # pass computes what plain greedy computes. Costs ~13% on a one-token pass of the 0.5B int4; a

@@ -8,8 +8,15 @@ pass (M = 1, 3, 5, ...) goes through the one-row kernel and differs by ~1e-6, ev
 pass equals the 16-row pass's exactly. That is why the runtime pads odd passes
 (``RuntimeSettings.even_passes``).
 
+The last line is ``--quantize int8`` (``models.quantize``: per-channel int8 weights x per-row int8
+activations through MatMulInteger): every row equals the 16-row pass's, and its cost barely grows
+with M. ``--layers 24`` chains 24 distinct weights (K->N, N->K, ...) so that they stream from memory
+as a model's do instead of sitting in the cache; there, 1 thread: int4 level 4 25 / 35 / 56 / 100 ms
+at M = 2 / 4 / 8 / 16, int8 24 / 25 / 26 / 27 ms.
+
     .venv/bin/python scripts/matmulnbits_rows.py                  # K=1536, N=8960: the 1.5B's MLP
     .venv/bin/python scripts/matmulnbits_rows.py --k 8960 --n 1536 --threads 2
+    .venv/bin/python scripts/matmulnbits_rows.py --layers 24
 
 A diagnostic (run it on an otherwise idle machine), not a test.
 """
@@ -19,7 +26,9 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -29,14 +38,32 @@ from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQua
 ROWS = (1, 2, 4, 8, 16)
 
 
-def fp32_model(k: int, n: int, rng: np.random.Generator) -> ModelProto:
-    w = (rng.standard_normal((k, n)) * 0.02).astype(np.float32)
+def fp32_model(k: int, n: int, rng: np.random.Generator, layers: int = 1) -> ModelProto:
+    """Y = A @ W0 @ W1 ... over ``layers`` distinct weights, [k, n] then [n, k] alternately."""
+    nodes, inits, x = [], [], "A"
+    for i in range(layers):
+        shape = (k, n) if i % 2 == 0 else (n, k)
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.02).astype(np.float32), f"W{i}"))
+        y = "Y" if i == layers - 1 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [x, f"W{i}"], [y], name=f"proj{i}"))
+        x = y
     a = helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])
-    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["A", "W"], ["Y"])], "g", [a], [y], [numpy_helper.from_array(w, "W")]
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n if layers % 2 else k])
+    graph = helper.make_graph(nodes, "g", [a], [y], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def int8_model(base: ModelProto) -> ModelProto:
+    """``base`` quantized as ``specls export --quantize int8`` does it."""
+    import onnx
+    from specls.models.quantize import options_for, quantize_graph
+
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(base, f"{tmp}/fp32.onnx")
+        options = options_for("int8")
+        assert options is not None
+        quantize_graph(Path(f"{tmp}/fp32.onnx"), Path(f"{tmp}/int8.onnx"), options, logits_name="Y")
+        return onnx.load(f"{tmp}/int8.onnx")
 
 
 def measure(model: ModelProto, label: str, k: int, threads: int, rng: np.random.Generator) -> None:
@@ -74,19 +101,23 @@ def main() -> int:
     p.add_argument("--n", type=int, default=8960)
     p.add_argument("--block", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--layers", type=int, default=1, help="distinct weights in a chain (24: stream from memory)"
+    )
     args = p.parse_args()
     logging.disable(logging.INFO)  # the quantizer logs every node
     rng = np.random.default_rng(0)
-    base = fp32_model(args.k, args.n, rng)
+    base = fp32_model(args.k, args.n, rng, args.layers)
     measure(base, "fp32 MatMul", args.k, args.threads, rng)
     for bits in (4, 8):
-        for level in (0, 4):
+        for level in (0, 4) if args.layers == 1 else (4,):  # level 0 is 8-12x slower: not chained
             config = DefaultWeightOnlyQuantConfig(
                 block_size=args.block, is_symmetric=True, accuracy_level=level, bits=bits
             )
             quantizer = MatMulNBitsQuantizer(copy.deepcopy(base), algo_config=config)  # it edits in place
             quantizer.process()
             measure(quantizer.model.model, f"{bits}-bit level {level}", args.k, args.threads, rng)
+    measure(int8_model(base), "int8 MatMulInteger", args.k, args.threads, rng)
     return 0
 
 

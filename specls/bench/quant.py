@@ -418,7 +418,7 @@ def run_bench(opt: QuantBenchOptions, progress: Callable[[str], None] = lambda m
         def ref_cached(x: Sequence[int]) -> np.ndarray:
             return ref_logits[tuple(x)]
 
-        built: dict[tuple[int | None, bool], tuple[Path, str]] = {}
+        built: dict[tuple[int | None, bool, str], tuple[Path, str]] = {}
         for v in grid[1:]:
             row = Row(v.name)
             if v.kernel == "integer":

@@ -6,7 +6,7 @@ asks for). Per point and class every method completes the same prompt, interleav
 hits all of them alike:
 
 - specls ``plain`` / ``lookup`` / ``draft`` / ``hybrid`` through ``OnnxEngine`` on the ``--model`` /
-  ``--draft`` dirs (e.g. the int4 export of the GGUF files below);
+  ``--draft`` dirs (e.g. the int8 export of the GGUF files below);
 - llama.cpp ``llama-plain`` / ``llama-draft`` (``-md``) / ``llama-ngram`` (``--spec-type
   ngram-simple``): one ``llama-server`` per configuration on the ``--gguf-target`` / ``--gguf-draft``
   files, started here on 127.0.0.1 with a free port and stopped at the end. Each gets the *token ids*
@@ -591,7 +591,7 @@ def render_table(results: dict[str, dict[str, Cell]], methods: Sequence[str], ma
 def register(sub: Any) -> None:
     d = RealBenchOptions
     p = sub.add_parser("real", help="specls vs llama.cpp (llama-server) on a real model pair, one run")
-    p.add_argument("--model", metavar="DIR", help="specls target model dir (e.g. int4; default: bundled)")
+    p.add_argument("--model", metavar="DIR", help="specls target model dir (e.g. int8; default: bundled)")
     p.add_argument("--draft", metavar="DIR", help="specls draft model dir (default: bundled)")
     p.add_argument("--gguf-target", required=True, metavar="FILE", help="the target as GGUF (llama.cpp)")
     p.add_argument("--gguf-draft", required=True, metavar="FILE", help="the draft as GGUF (llama.cpp)")

@@ -247,8 +247,8 @@ def test_quantize_options_and_errors(exported: dict[str, Path], tmp_path: Path) 
     (tmp_path / "junk.onnx").write_bytes(b"not a graph")
     with pytest.raises(QuantizeError, match="cannot load"):
         quantize_graph(tmp_path / "junk.onnx", tmp_path / "y.onnx", QuantizeOptions())
-    # auto: int4 on the CPU graph (fp32), none on the CUDA graph (fp16) — Not int4 everywhere
-    assert [resolve_quantize("auto", d) for d in ("fp32", "fp16")] == ["int4", "none"]
+    # auto: int8 on the CPU graph (fp32), none on the CUDA graph (fp16) — Not int8 everywhere
+    assert [resolve_quantize("auto", d) for d in ("fp32", "fp16")] == ["int8", "none"]
     with pytest.raises(ExportError, match="int8 takes --dtype fp32"):  # MatMulInteger: fp32 activations
         resolve_quantize("int8", "fp16")
     with pytest.raises(ExportError, match="quantize must be"):
