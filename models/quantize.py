@@ -46,7 +46,7 @@ class QuantizeOptions:
     # MatMulInteger (MLAS' packed u8s8 GEMM), see ``_integer_matmul``. MatMulNBits at level 4 costs a
     # row-sized slice of a pass per extra row (1.5B int4, 1 thread: 2 rows 141 ms, 16 rows 542 ms of
     # MatMulNBits) where the GEMM reads the weights once for all rows (a chain of 24 1536x8960 layers:
-    # int4 MatMulNBits 25 / 35 / 56 / 100 ms at 2 / 4 / 8 / 16 rows, integer 24 / 25 / 26 / 27 ms).
+    # int4 MatMulNBits 32 / 46 / 70 / 116 ms at 2 / 4 / 8 / 16 rows, integer 27 / 28 / 28 / 39 ms).
     kernel: str = "nbits"
     # Measured by `specls bench quant` on Qwen2.5-Coder-1.5B-Instruct, 2 cores (AVX-512 VNNI), 2 threads,
     # accuracy_level 4 (bench/README.md "int4 settings sweep"). Block 64 vs 32: decode 13.5 vs 10.2-11.0

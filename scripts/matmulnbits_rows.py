@@ -11,8 +11,8 @@ pass equals the 16-row pass's exactly. That is why the runtime pads odd passes
 The last line is ``--quantize int8`` (``models.quantize``: per-channel int8 weights x per-row int8
 activations through MatMulInteger): every row equals the 16-row pass's, and its cost barely grows
 with M. ``--layers 24`` chains 24 distinct weights (K->N, N->K, ...) so that they stream from memory
-as a model's do instead of sitting in the cache; there, 1 thread: int4 level 4 25 / 35 / 56 / 100 ms
-at M = 2 / 4 / 8 / 16, int8 24 / 25 / 26 / 27 ms.
+as a model's do instead of sitting in the cache; there, 1 thread: int4 level 4 32 / 46 / 70 / 116 ms
+at M = 2 / 4 / 8 / 16, int8 27 / 28 / 28 / 39 ms (fp32 MatMul 103 / 116 / 145 / 164 ms).
 
     .venv/bin/python scripts/matmulnbits_rows.py                  # K=1536, N=8960: the 1.5B's MLP
     .venv/bin/python scripts/matmulnbits_rows.py --k 8960 --n 1536 --threads 2
