@@ -44,12 +44,23 @@ class PolicyState:
     )
     model: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.6,)))
     length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
+    # The same for requests that end at a text stop (the end of the line, a line-first answer), kept
+    # apart: in one figure, long completions made short ones start the draft model, whose catch-up
+    # they never repay (bench/README.md, run 15). Prior 8: the 8 short points there ran 4.6 tokens.
+    stop_length: float = 8.0
     choices: Counter[str] = field(default_factory=Counter)  # passes by plan: plain/lookup/model/lookup+model
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def finish(self, generated: int) -> None:
+    def finish(self, generated: int, stopped: bool = False) -> None:
+        """A request of ``generated`` tokens is over (``stopped``: one that ends at a text stop)."""
         with self.lock:
-            self.length = 0.8 * self.length + 0.2 * float(generated)
+            if stopped:
+                self.stop_length = 0.8 * self.stop_length + 0.2 * float(generated)
+            else:
+                self.length = 0.8 * self.length + 0.2 * float(generated)
+
+    def usual_length(self, stopped: bool) -> float:
+        return self.stop_length if stopped else self.length
 
     def snapshot(self) -> dict[str, object]:
         with self.lock:
@@ -59,6 +70,7 @@ class PolicyState:
                 "lookup_accept_after_hit": [round(x, 3) for x in self.lookup_hot.rates(4)],
                 "model_accept": [round(x, 3) for x in self.model.rates(4)],
                 "mean_length": round(self.length, 1),
+                "mean_length_to_stop": round(self.stop_length, 1),
                 "verify_cost": [round(x, 3) for x in self.costs.verify],
                 "draft_step_cost": round(self.costs.step, 3),
                 "draft_catchup_cost": round(self.costs.catchup, 4),
@@ -87,6 +99,8 @@ class PlannedDrafter(Drafter):
         self._sources: list[str] = []
         self._q: np.ndarray | None = None
         self._hot = False  # this request's last lookup proposal was accepted whole
+        # Set by the caller before a request: it ends at a text stop (PolicyState.stop_length)
+        self.stopped = False
 
     def begin(self, settings: DecodeSettings) -> None:
         self.end()  # the previous request of this drafter, if it was not ended
@@ -100,7 +114,7 @@ class PlannedDrafter(Drafter):
     def end(self) -> None:
         """The request is over: its length teaches the policy what "remaining" usually is."""
         if self._start is not None:
-            self.state.finish(self._generated)
+            self.state.finish(self._generated, self.stopped)
             self._start = None
 
     def _remaining(self, context: Sequence[int]) -> int:
@@ -109,7 +123,7 @@ class PlannedDrafter(Drafter):
         if self._start is None:
             self._start = len(context)
         self._generated = len(context) - self._start
-        expected = max(self.state.length, 2.0 * self._generated)
+        expected = max(self.state.usual_length(self.stopped), 2.0 * self._generated)
         return max(1, min(self._max_new - self._generated, round(expected) - self._generated))
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:

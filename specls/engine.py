@@ -540,6 +540,8 @@ class OnnxEngine:
         if lookup is not None and model is not None and s.drafting_policy:
             if state.planned_drafter is None:
                 state.planned_drafter = PlannedDrafter(lookup, model, models.policy)
+            state.planned_drafter.end()  # the previous request learns under its own class
+            state.planned_drafter.stopped = request.stop is not None or request.early_stop is not None
             inner = state.planned_drafter
         elif lookup is not None and model is not None:
             inner = HybridDrafter(lookup, model, s.drafters)

@@ -78,6 +78,27 @@ def test_a_short_completion_does_not_pay_for_the_catch_up() -> None:
     assert drafter.model.forward_tokens > 0
 
 
+def test_requests_that_end_at_a_stop_learn_their_own_length() -> None:
+    """Long open completions must not make a request that ends at the end of its line start the draft
+    model (Not one moving average for both: after 64-token requests, a line guessed ~64 tokens)."""
+    long_prompt = PROMPT * 30  # the draft model's view: 256 tokens behind, 2.6 passes of catch-up
+    costs = PassCosts(verify=CHEAP.verify, step=0.1, catchup=0.01)
+    settings = DecodeSettings(max_new_tokens=8, gamma=8)
+    drafter, state = _drafter(GOOD_DRAFT, costs, length=64.0, stop_length=3.0)
+    assert drafter.model is not None
+    drafter.stopped = True
+    generate(TARGET.new_cache(), long_prompt, drafter, settings, frozenset())
+    assert drafter.model.forward_tokens == 0  # a usual 3-token line cannot repay the catch-up
+    drafter.end()
+    assert state.length == 64.0 and 3.0 < state.stop_length <= 0.8 * 3.0 + 0.2 * 8  # its own average moved
+    drafter.stopped = False  # the same request as an open one: 8 tokens to come, so the model starts
+    generate(TARGET.new_cache(), long_prompt, drafter, settings, frozenset())
+    assert drafter.model.forward_tokens > 0
+    stop_length = state.stop_length
+    drafter.end()
+    assert state.length < 64.0 and state.stop_length == stop_length
+
+
 def test_sampling_q_rows_cover_the_proposal() -> None:
     q_model = np.full((2, 4), 0.25)
     q = point_masses_then([3, 1, 2, 0], 2, q_model)
