@@ -81,8 +81,9 @@ class QuantizeReport:
 
     graph: str
     bits: int
-    block_size: int
-    accuracy_level: int
+    block_size: int  # of MatMulNBits and the embedding's blocks (the integer kernel: the embedding's)
+    accuracy_level: int  # of MatMulNBits (unused by the integer kernel)
+    kernel: str = "nbits"
     quantized: dict[str, int] = field(default_factory=dict)
     left_matmuls: int = 0
     bytes_before: int = 0
@@ -384,6 +385,7 @@ def quantize_graph(
         bits=options.bits,
         block_size=options.block_size,
         accuracy_level=options.accuracy_level,
+        kernel=options.kernel,
         quantized=quantized,
         left_matmuls=counts["MatMul"],
         bytes_before=before,

@@ -71,7 +71,7 @@ def test_int8_export_has_matmulinteger_and_loads(int8: dict[str, Path], arch: st
     report = read_report(d)
     assert report["quantize"] == "int8"
     q = report["quantized"]["model.onnx"]
-    assert q["bits"] == 8 and q["bytes_after"] < q["bytes_before"] / 3  # Not the fp32 weights
+    assert q["bits"] == 8 and q["kernel"] == "integer" and q["bytes_after"] < q["bytes_before"] / 3
     a = report["agreement"]
     assert a["positions"] >= 2000 and min(a["top1"], a["fim_top1"]) >= TINY.min_top1
     spec = load_spec(d)
