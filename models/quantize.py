@@ -202,6 +202,26 @@ def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any
     return nodes, inits
 
 
+class _IntegerQuantizer:
+    """``_integer_matmul`` behind the interface of ORT's ``DefaultWeightOnlyQuantizer``:
+    ``quantize(node, graph_stack)`` returns the new nodes and adds their initializers to the innermost
+    graph (which holds the node's weight, loaded)."""
+
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+
+    def quantize(self, node: Any, graph_stack: list[Any]) -> list[Any]:
+        from onnx import numpy_helper
+
+        graph = graph_stack[-1]
+        tensor = next(t for t in graph.initializer if t.name == node.input[1])
+        if tensor.data_type != 1 or len(tensor.dims) != 2:  # FLOAT, [K, N]
+            raise QuantizeError(f"the integer kernel takes fp32 [K, N] weights ({node.name})")
+        nodes, inits = _integer_matmul(node, numpy_helper.to_array(tensor), self.opset)
+        graph.initializer.extend(inits)
+        return nodes
+
+
 def _head_matmul(model: Any, logits_name: str) -> str | None:
     """The name of the MatMul behind ``logits_name`` (through Cast/Identity/Reshape), or None."""
     producer = {out: node for node in model.graph.node for out in node.output}
@@ -240,7 +260,7 @@ def quantize_graph(
     Raises QuantizeError when the graph cannot be read or written, or when no MatMul was quantized.
     """
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     _import_quantizer()
     from onnxruntime.quantization.matmul_nbits_quantizer import (
@@ -290,12 +310,15 @@ def quantize_graph(
             )
         )
 
-    integer = options.kernel == "integer"
-    # the integer kernel's MatMuls are built here (``_integer_matmul``); its embedding, like int4's,
-    # goes through GatherBlockQuantized at 4 bits (ORT has no 8-bit kernel for it)
-    body = quantizer(4 if integer else options.bits)
-    head_q = quantizer(head_bits) if head_bits and not (integer and head_bits == 8) else None
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if options.kernel == "integer":
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        body: Any = _IntegerQuantizer(opset)
+    else:
+        body = quantizer(options.bits)
+    head_q = (body if head_bits == options.bits else quantizer(head_bits)) if head_bits else None
+    # the embedding goes through GatherBlockQuantized at 4 bits whatever the kernel (ORT has no 8-bit
+    # kernel for it; an 8-bit MatMulNBits export keeps it, checked above)
+    gather_q = quantizer(4)
     inits = {t.name: t for t in g.initializer}
     uses = Counter(i for n in g.node for i in n.input)
     new_nodes: list[Any] = []
@@ -303,30 +326,11 @@ def quantize_graph(
     try:
         for node in list(g.node):
             q, weight = None, None
-            matmul = node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits
-            if matmul and integer and (node.name != head or head_bits == 8):
-                tensor = inits[node.input[1]]
-                if tensor.data_type != 1 or len(tensor.dims) != 2:  # FLOAT, [K, N]
-                    raise QuantizeError(f"{src}: the integer kernel takes fp32 [K, N] weights ({node.name})")
-                scratch = onnx.GraphProto()
-                scratch.initializer.add().CopyFrom(tensor)
-                _load_tensor(scratch.initializer[0], src.parent)
-                out_nodes, out_inits = _integer_matmul(
-                    node, numpy_helper.to_array(scratch.initializer[0]), opset
-                )
-                del scratch
-                g.initializer.extend(out_inits)
-                new_nodes.extend(out_nodes)
-                uses[tensor.name] -= 1
-                if uses[tensor.name] == 0:
-                    g.initializer.remove(tensor)
-                    del inits[tensor.name]
-                continue
-            if matmul:
+            if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
                 q, weight = (head_q if node.name == head else body), node.input[1]
             elif node.op_type == "Gather" and options.embedding and node.input[0] in inits:
                 if len(inits[node.input[0]].dims) == 2:
-                    q, weight = body, node.input[0]
+                    q, weight = gather_q, node.input[0]
             if q is None or weight is None:
                 new_nodes.append(node)
                 continue
