@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -110,15 +111,33 @@ if __name__ == "__main__":
 '''
 
 
-class BatchableFakeLM(FakeLM):
-    """A FakeLM with the runtime's batching surface; records every batched pass's size."""
+class _SlowCache(FakeCache):
+    """A FakeCache whose every pass takes ``delay_s`` of wall time (a sleep: no CPU), as a real
+    model's does, so that concurrent requests overlap however the threads are scheduled."""
 
-    def __init__(self, base: FakeLM) -> None:
+    def __init__(self, model: FakeLM, delay_s: float) -> None:
+        super().__init__(model)
+        self._delay_s = delay_s
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        time.sleep(self._delay_s)
+        return super().forward(ids)
+
+
+class BatchableFakeLM(FakeLM):
+    """A FakeLM with the runtime's batching surface; records every batched pass's size.
+    ``pass_delay_s``: each pass sleeps that long (0: as fast as numpy)."""
+
+    def __init__(self, base: FakeLM, pass_delay_s: float = 0.0) -> None:
         super().__init__(base.config, base.tables)
         self.sizes: list[int] = []
         self._lock = threading.Lock()
         self.enabled = False
         self.released = 0  # release_memory() calls (the engine's "all concurrent requests done")
+        self._pass_delay_s = pass_delay_s
+
+    def new_cache(self) -> FakeCache:
+        return _SlowCache(self, self._pass_delay_s) if self._pass_delay_s > 0 else FakeCache(self)
 
     def release_memory(self) -> None:
         self.released += 1

@@ -169,7 +169,9 @@ def test_metrics_report_batching_of_concurrent_clients() -> None:
 
     models = fake_models(allow_eos=False)
     assert isinstance(models.target, FakeLM)
-    models = dataclasses.replace(models, target=BatchableFakeLM(models.target))
+    # 20 ms a pass: each request stays active for its ~25 passes, so the four overlap even when the
+    # machine is busy (as fast as numpy, one could finish before the next got a thread: no batch)
+    models = dataclasses.replace(models, target=BatchableFakeLM(models.target, pass_delay_s=0.02))
     batching = BatchSettings(max_batch=4, max_wait_ms=200.0)
     engine = OnnxEngine(EngineSettings(threads=1, lru_size=0, batching=batching), models)
     svc = TeamService(TeamSettings(metrics_port=0, scheduler=SchedulerSettings(workers=4)), engine)
