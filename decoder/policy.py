@@ -146,10 +146,12 @@ def plan_pass(
     g_max: int,
     remaining: int,
     model_behind: int = 0,
+    model_share: float = 1.0,
 ) -> Plan:
     """Choose this pass's drafting. ``lookup_match``: tokens the lookup index offers now (free to
     propose); ``model_accept``: the draft model's acceptance by position (None = no draft model);
-    ``model_behind``: context tokens the draft model would have to catch up on first.
+    ``model_behind``: context tokens the draft model would have to catch up on first; ``model_share``:
+    the share of the remaining tokens its catch-up can pay off on (those lookup would not produce).
 
     Lookup first (it costs nothing to propose): its best length within the match. The draft model
     instead of it when it beats lookup (and its catch-up pays), or after it when extending the lookup
@@ -163,18 +165,20 @@ def plan_pass(
     Plan(lookup=0, model=0, speedup=1.0)
     """
     g_max = max(0, min(g_max, remaining - 1))
+    # the tokens a caught-up model would speed up (a model one token behind is a usual step)
+    payoff = remaining if model_behind <= 1 else max(0, round(remaining * model_share))
     n_l, s_l = best_gamma(lookup_accept, costs, 0.0, min(lookup_match, g_max))
     best = Plan(n_l, 0, s_l)
     if model_accept is None or g_max <= 0:
         return best
     n_m, s_m = best_gamma(model_accept, costs, costs.step, g_max)
-    if n_m > 0 and s_m > best.speedup and catchup_pays(s_m, remaining, model_behind, costs.catchup):
+    if n_m > 0 and s_m > best.speedup and catchup_pays(s_m, payoff, model_behind, costs.catchup):
         best = Plan(0, n_m, s_m)
     if n_l > 0 and n_l < g_max:  # extend the lookup tokens with the model
         head = [_at(lookup_accept, i) for i in range(n_l)]
         for j in range(1, g_max - n_l + 1):
             accept = head + list(model_accept[:j])
             s = expected_tokens(accept, n_l + j) / (costs.verify_cost(n_l + j) + j * costs.step)
-            if s > best.speedup + 1e-9 and catchup_pays(s, remaining, model_behind, costs.catchup):
+            if s > best.speedup + 1e-9 and catchup_pays(s, payoff, model_behind, costs.catchup):
                 best = Plan(n_l, j, s)
     return best

@@ -248,3 +248,20 @@ def test_a_hot_copy_proposes_longer_than_a_cold_match() -> None:
     drafter.observe(n_cold, n_cold)
     n_hot = len(drafter.propose([*PROMPT, *ref[: n_cold + 1]], 4))
     assert n_cold == 1 < n_hot  # Not the same length: the copy is trusted once it has been right
+
+
+def test_the_policy_learns_the_share_of_a_completion_that_lookup_does_not_copy() -> None:
+    """What a draft model's catch-up can pay off on (``PolicyState.unmatched``), per request class."""
+    settings = DecodeSettings(max_new_tokens=12, gamma=8, gamma_max=8, adaptive_gamma=False)
+    drafter, state = _drafter(GOOD_DRAFT, CHEAP)  # a buffer holds the whole answer: lookup copies it
+    out = generate(TARGET.new_cache(), PROMPT, drafter, settings, frozenset())
+    drafter.end()
+    copied = out.per_drafter["lookup"].accepted
+    assert copied > 0
+    assert state.unmatched == pytest.approx(0.8 * 0.5 + 0.2 * (12 - copied) / 12)  # Not the prior 0.5
+    assert state.stop_unmatched == 0.5  # the other class is untouched
+    alone = PlannedDrafter(None, DraftModelDrafter(GOOD_DRAFT), state)  # nothing to copy from
+    alone.stopped = True
+    generate(TARGET.new_cache(), PROMPT, alone, settings, frozenset())
+    alone.end()
+    assert state.stop_unmatched == pytest.approx(0.8 * 0.5 + 0.2 * 1.0)  # every token was not lookup's

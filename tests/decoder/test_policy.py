@@ -104,3 +104,19 @@ def test_acceptance_by_position_learns_from_the_prior() -> None:
     assert a.rate(0) == pytest.approx((8 + 1) / 10)
     assert a.rate(1) == pytest.approx((0 + 1) / 10)
     assert a.rate(2) == pytest.approx(0.5)  # never reached (after a rejection). Not 0.1
+
+
+@pytest.mark.parametrize(
+    ("share", "behind", "want_model"),
+    [
+        (1.0, 300, True),  # every remaining token is the model's to speed up: 64 x (1 - 1/s) > 300 x 0.01
+        (0.1, 300, False),  # lookup copies 90% of them: 6 tokens cannot repay 3 passes of catch-up
+        (0.1, 1, True),  # caught up (one token to re-feed is a usual step): the share does not matter
+        (0.0, 1, True),  # Not plain: a caught-up model drafts whatever lookup did before
+    ],
+)
+def test_the_catch_up_pays_off_only_on_the_tokens_lookup_does_not_copy(
+    share: float, behind: int, want_model: bool
+) -> None:
+    plan = plan_pass(0, [0.9], [0.8] * 8, CPU, g_max=8, remaining=64, model_behind=behind, model_share=share)
+    assert (plan.model > 0) is want_model
