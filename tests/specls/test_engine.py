@@ -533,6 +533,31 @@ def test_result_carries_its_decode() -> None:
     assert d["target_passes"] == r.target_passes and "decode" not in d  # flat, without token ids
 
 
+def test_the_drafting_policy_is_offered_gamma_max_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy chooses each pass's length itself; an adaptive gamma that shrinks after a rejection
+    would cap its lookup runs (Not k = 5, 4, 3, ...: the loop's own controller)."""
+    from specls.decoder.planned import PlannedDrafter
+
+    offered: list[tuple[int, int]] = []
+    propose = PlannedDrafter.propose
+
+    def spy(self: PlannedDrafter, context: list[int], k: int) -> list[int]:
+        offered.append((len(context), k))
+        return propose(self, context, k)
+
+    monkeypatch.setattr(PlannedDrafter, "propose", spy)
+    models = fake_models()
+    settings = EngineSettings(gamma=3, gamma_max=9)
+    engine = OnnxEngine(settings, models)
+    engine.update_document("file:///w/a.py", SOURCE)
+    engine.complete(request(POINTS[0], max_tokens=40))
+    assert engine.last_tokens == reference(models, engine, 40)
+    start = len(engine.last_prompt)
+    assert offered and all(k == min(9, 40 - (n - start) - 1) for n, k in offered)
+    fixed = OnnxEngine(replace(settings, drafting_policy=False), fake_models())
+    assert fixed._decode_settings(40, reuse=False, cap=None).gamma == 3  # the fixed rule keeps its gamma
+
+
 def test_the_drafting_policy_plans_both_drafters_and_learns_across_requests() -> None:
     models = fake_models()
     engine = OnnxEngine(EngineSettings(), models)
