@@ -656,11 +656,12 @@ def run(args: argparse.Namespace) -> int:
 def llama_servers(
     opt: RealBenchOptions, log_dir: Path, configs: dict[str, LlamaConfig] | None = None
 ) -> Iterator[dict[str, LlamaClient]]:
-    """Start every llama-server configuration (all stopped on exit, whatever happens)."""
-    binary = find_llama_server(opt.llama_server)
+    """Start every llama-server configuration (all stopped on exit, whatever happens); none, and no
+    binary needed, when no llama method is selected."""
     configs = configs or {
         m: c for m, c in llama_configs(opt.gguf_draft, opt.threads).items() if m in selected(opt.methods)
     }
+    binary = find_llama_server(opt.llama_server) if configs else ""
     with ExitStack() as stack:
         clients: dict[str, LlamaClient] = {}
         for name, cfg in configs.items():

@@ -551,6 +551,26 @@ def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> N
     assert len(launched) == 2 and not any("-md" in a for a in launched)
 
 
+def test_bench_real_without_llama_methods_needs_no_llama_server(tmp_path: Path) -> None:
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    (tmp_path / "d.gguf").write_bytes(b"GGUF")
+    out = tmp_path / "real.json"
+    opt = real.RealBenchOptions(
+        gguf_target=str(tmp_path / "t.gguf"),
+        gguf_draft=str(tmp_path / "d.gguf"),
+        llama_server=str(tmp_path / "no-such-llama-server"),  # Not an error: no llama method runs
+        n=1,
+        max_tokens=4,
+        tasks=("short",),
+        methods=("lookup",),
+        prefix_chars=200,
+        suffix_chars=50,
+        json_out=str(out),
+    )
+    assert real.run_bench(opt) == 0
+    assert set(json.loads(out.read_text())["results"]["short"]) == {"plain", "lookup"}
+
+
 def test_docstring_examples_hold() -> None:
     import doctest
 
