@@ -528,23 +528,31 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
 
 
 @pytest.mark.slow
-def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> None:
-    binary, argv_log = _stub_binary(tmp_path, "ok")
+def _short_run(
+    tmp_path: Path, llama_server: str, methods: tuple[str, ...]
+) -> tuple[real.RealBenchOptions, Path]:
+    """One bundled-pair point, short task, ``methods``; the GGUF files are stand-ins for llama."""
     (tmp_path / "t.gguf").write_bytes(b"GGUF")
     (tmp_path / "d.gguf").write_bytes(b"GGUF")
     out = tmp_path / "real.json"
     opt = real.RealBenchOptions(
         gguf_target=str(tmp_path / "t.gguf"),
         gguf_draft=str(tmp_path / "d.gguf"),
-        llama_server=binary,
+        llama_server=llama_server,
         n=1,
         max_tokens=4,
         tasks=("short",),
-        methods=("llama-ngram",),
+        methods=methods,
         prefix_chars=200,
         suffix_chars=50,
         json_out=str(out),
     )
+    return opt, out
+
+
+def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> None:
+    binary, argv_log = _stub_binary(tmp_path, "ok")
+    opt, out = _short_run(tmp_path, binary, ("llama-ngram",))
     assert real.run_bench(opt) == 0
     assert set(json.loads(out.read_text())["results"]["short"]) == {"plain", "llama-plain", "llama-ngram"}
     launched = [json.loads(line) for line in argv_log.read_text().splitlines()]
@@ -552,21 +560,8 @@ def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> N
 
 
 def test_bench_real_without_llama_methods_needs_no_llama_server(tmp_path: Path) -> None:
-    (tmp_path / "t.gguf").write_bytes(b"GGUF")
-    (tmp_path / "d.gguf").write_bytes(b"GGUF")
-    out = tmp_path / "real.json"
-    opt = real.RealBenchOptions(
-        gguf_target=str(tmp_path / "t.gguf"),
-        gguf_draft=str(tmp_path / "d.gguf"),
-        llama_server=str(tmp_path / "no-such-llama-server"),  # Not an error: no llama method runs
-        n=1,
-        max_tokens=4,
-        tasks=("short",),
-        methods=("lookup",),
-        prefix_chars=200,
-        suffix_chars=50,
-        json_out=str(out),
-    )
+    missing = str(tmp_path / "no-such-llama-server")  # Not an error: no llama method runs
+    opt, out = _short_run(tmp_path, missing, ("lookup",))
     assert real.run_bench(opt) == 0
     assert set(json.loads(out.read_text())["results"]["short"]) == {"plain", "lookup"}
 
