@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from specls.decoder.api import KVCache
+from specls.decoder.api import CausalLM, KVCache
 from specls.decoder.drafters import draft_view_start
 from specls.decoder.planned import PolicyState
 from specls.decoder.policy import PassCosts
@@ -78,14 +78,8 @@ class _OracleCache(KVCache):
     def append(self, ids: Sequence[int]) -> None:
         self._next(ids)
 
-    def forward_last(self, ids: Sequence[int]) -> np.ndarray:
-        return self.forward(ids)[-1]
-
     def truncate(self, n: int) -> None:
         del self.tokens[n:]
-
-    def compact(self) -> None:
-        return None
 
     def _next(self, ids: Sequence[int]) -> list[int]:
         start = len(self.tokens)
@@ -94,7 +88,7 @@ class _OracleCache(KVCache):
         return [self.model.next_after(self.tokens, p) for p in range(start, len(self.tokens))]
 
 
-class _Oracle:
+class _Oracle(CausalLM):
     """A CausalLM answering from a trace: ``target`` (the greedy path) or a draft (its argmax table)."""
 
     def __init__(self, vocab: int, granularity: int, is_draft: bool, tally: Tally) -> None:
@@ -119,15 +113,6 @@ class _Oracle:
 
     def new_cache(self) -> _OracleCache:
         return _OracleCache(self)
-
-    def enable_batching(self) -> bool:
-        return False
-
-    def forward_batch(self, caches: Sequence[KVCache], ids: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        raise TypeError("no batching")
-
-    def release_memory(self) -> None:
-        return None
 
     def count(self, start: int, n: int) -> None:
         if self.is_draft:
@@ -363,7 +348,7 @@ def _lookup_accept(ctx: list[int], truth: list[int], rule: str, min_n: int, max_
             continue
         for s in reversed(starts):
             k = 0
-            while k < len(truth) and s + k < len(ctx) + k and (ctx + truth)[s + k] == truth[k]:
+            while k < len(truth) and (ctx + truth)[s + k] == truth[k]:
                 k += 1
             if rule == "recent":
                 return k

@@ -527,7 +527,6 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
     assert "llama-ngram" in table and "hybrid" in table
 
 
-@pytest.mark.slow
 def _short_run(
     tmp_path: Path, llama_server: str, methods: tuple[str, ...]
 ) -> tuple[real.RealBenchOptions, Path]:
@@ -550,6 +549,7 @@ def _short_run(
     return opt, out
 
 
+@pytest.mark.slow
 def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> None:
     binary, argv_log = _stub_binary(tmp_path, "ok")
     opt, out = _short_run(tmp_path, binary, ("llama-ngram",))
@@ -559,6 +559,7 @@ def test_bench_real_subset_starts_only_the_servers_it_needs(tmp_path: Path) -> N
     assert len(launched) == 2 and not any("-md" in a for a in launched)
 
 
+@pytest.mark.slow
 def test_bench_real_without_llama_methods_needs_no_llama_server(tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-llama-server")  # Not an error: no llama method runs
     opt, out = _short_run(tmp_path, missing, ("lookup",))
