@@ -29,6 +29,7 @@ import numpy as np
 from specls.models import data as D
 from specls.models.evaluate import EvalOptions, LogitsFn, heldout_windows
 from specls.models.fim import FimTemplate, fim_prompt_text
+from specls.models.head import load_head_ids, scatter_head
 from specls.models.spec import LOGITS_TO_KEEP, ModelSpec
 
 from specls.memory import release_freed_memory
@@ -246,8 +247,11 @@ def sequence_logits(lm: CausalLM) -> LogitsFn:
 
 def graph_logits(graph: Path, spec: ModelSpec, threads: int) -> LogitsFn:
     """ids -> logits [n, vocab] of a fresh sequence through ONNX Runtime on one graph file described by
-    ``spec`` (no ``specls.json`` needed: the reference graph of an export before it is finished)."""
+    ``spec`` (no ``specls.json`` needed: the reference graph of an export before it is finished; a
+    reduced head's ids file must lie next to the graph, see ``models.head``)."""
     import onnxruntime as ort
+
+    head_ids = load_head_ids(graph.parent, spec)
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = max(0, threads)
@@ -269,8 +273,8 @@ def graph_logits(graph: Path, spec: ModelSpec, threads: int) -> LogitsFn:
         if spec.keeps_logits:
             feed[LOGITS_TO_KEEP] = np.array([n], dtype=np.int64)  # every position is scored
         feed.update(past)
-        (logits,) = sess.run([spec.logits_name], feed)
-        return np.asarray(logits[0], dtype=np.float32)  # [n, vocab]
+        (logits,) = sess.run([spec.logits_name], feed)  # [1, n, head]
+        return scatter_head(np.asarray(logits[0]), head_ids, spec.vocab_size)  # [n, vocab]
 
     return fn
 

@@ -66,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "must agree with the unquantized one on held-out code or the export fails",
     )
     p.add_argument(
+        "--draft-head",
+        choices=("full", "ascii"),  # models.head.DRAFT_HEADS (not imported: this parser loads no numpy)
+        default="full",
+        help="ascii: the LM head scores only ASCII and added tokens (a draft model's option: 16%% "
+        "cheaper steps for Qwen2.5-Coder 0.5B, and the target still checks every token); never for a target",
+    )
+    p.add_argument(
         "--keep-embedding",
         action="store_true",
         help="keep the embedding table in the graph's dtype instead of GatherBlockQuantized (4 bits)",
@@ -194,6 +201,7 @@ def _export_cmd(args: argparse.Namespace) -> int:
         batch_graph=args.batch_graph,
         quantize=args.quantize,
         quantize_embedding=not args.keep_embedding,
+        draft_head=args.draft_head,
     )
     if args.tolerance is not None:
         field = "fp16_tolerance" if args.dtype == "fp16" else "tolerance"

@@ -26,6 +26,7 @@ import numpy as np
 from specls.models.agreement import AgreementOptions
 from specls.models.fim import NO_FIM, PRESETS, FimTemplate, detect_template, fit_template
 from specls.models.gguf import GgufError, find_gguf, load_gguf_model, load_gguf_tokenizer
+from specls.models.head import DRAFT_HEADS, HEAD_IDS_FILE, ascii_token_ids, slice_head
 from specls.models.kv_buffer import share_kv_buffer
 from specls.models.quantize import QUANTIZE_MODES, QuantizeError, QuantizeOptions, options_for, quantize_graph
 from specls.models.spec import LOGITS_TO_KEEP, SPEC_FILE, ModelSpec, kv_names
@@ -86,6 +87,9 @@ class ExportOptions:
     quantize_embedding: bool = QuantizeOptions.embedding  # GatherBlockQuantized at 4 bits (int4, int8)
     # how a quantized graph is checked against the unquantized one (held-out code, top-1 floor)
     agreement: AgreementOptions = AgreementOptions()
+    # "ascii": the LM head scores only ASCII and added tokens, for a draft model (models.head:
+    # 16% cheaper steps for Qwen2.5-Coder 0.5B); "full": the whole vocabulary (what a target needs)
+    draft_head: str = "full"
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,8 @@ def export_model(
     progress = progress or _noop
     if options.dtype not in ("fp32", "fp16"):
         raise ExportError(f"dtype must be fp32 or fp16, not {options.dtype!r}")
+    if options.draft_head not in DRAFT_HEADS:
+        raise ExportError(f"draft_head must be one of {DRAFT_HEADS}, not {options.draft_head!r}")
     fusions = _fusions(options)
     quant_mode = resolve_quantize(options.quantize, options.dtype)
     quant = _quantize_options(quant_mode, options)
@@ -217,6 +223,12 @@ def export_model(
     model, config = _load_torch_model(ckpt, options)
     fim = _pick_fim(tokenizer, options.fim_family)
     spec = _make_spec(config, model, tokenizer, fim, options, source)
+    head_ids = None
+    if options.draft_head == "ascii":
+        head_ids = ascii_token_ids(tokenizer, spec.vocab_size, spec.eos_token_ids)
+        slice_head(model, head_ids)
+        spec = replace(spec, head_ids_file=HEAD_IDS_FILE)
+        log.info("draft head: %d of %d tokens (ASCII and added tokens)", head_ids.size, spec.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
     if options.quantize == "auto" and (n_params < AUTO_MIN_PARAMS or options.share_weights):
         quant_mode, quant = "none", None  # see AUTO_MIN_PARAMS
@@ -231,6 +243,8 @@ def export_model(
             del model  # the fp32 copy was only needed for the reference logits
             release_freed_memory(collect=True)
             model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
+            if head_ids is not None:
+                slice_head(model, head_ids)
         traced = False
         if fusions is not None:
             try:
@@ -256,9 +270,12 @@ def export_model(
         for f in [*out_dir.glob(f"{ONNX_FILE}*"), *out_dir.glob(f"{BATCH_ONNX_FILE}*")]:
             f.unlink()
         (out_dir / SPEC_FILE).unlink(missing_ok=True)  # loadable again only once everything passed
+        (out_dir / HEAD_IDS_FILE).unlink(missing_ok=True)
         for f in Path(tmp).iterdir():
             shutil.move(str(f), out_dir / f.name)
     _write_tokenizer(ckpt, tokenizer, out_dir)
+    if head_ids is not None:
+        np.save(out_dir / HEAD_IDS_FILE, head_ids)
     graphs = [f for f in (spec.onnx_file, spec.batch_onnx_file) if f]
     shared: dict[str, Any] = {}
     if options.share_weights:
@@ -380,7 +397,9 @@ def _quantize_dir(
             report.setdefault("quantized", {})[graph] = asdict(r)
             release_freed_memory(collect=True)
             _log_memory(f"quantized {graph}")
-        shutil.copyfile(out_dir / TOKENIZER_FILE, stage / TOKENIZER_FILE)
+        kept = [TOKENIZER_FILE, *([spec.head_ids_file] if spec.head_ids_file else [])]
+        for name in kept:
+            shutil.copyfile(out_dir / name, stage / name)
         spec.write(stage)
         if options.verify:
             agree = options.agreement
@@ -420,7 +439,7 @@ def _quantize_dir(
             for f in out_dir.glob(f"{graph}*"):
                 f.unlink()
         for f in stage.iterdir():
-            if f.name not in (SPEC_FILE, TOKENIZER_FILE):
+            if f.name != SPEC_FILE and f.name not in kept:
                 shutil.move(str(f), out_dir / f.name)
 
 

@@ -57,6 +57,14 @@ def check_pair(target: OnnxCausalLM, draft: OnnxCausalLM) -> None:
         )
     if target.vocab_size != draft.vocab_size:
         log.info("target logits width %d, draft %d (same tokenizer)", target.vocab_size, draft.vocab_size)
+    if target.head_ids is not None:
+        log.warning(
+            "%s: the target has a reduced LM head (%d of %d tokens; `--draft-head` is a draft model's "
+            "option): completions can only use those tokens; re-export the target without it",
+            target.model_dir,
+            target.logits_width,
+            target.vocab_size,
+        )
 
 
 def load_pair(

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 from specls.decoder.api import CausalLM, KVCache
+from specls.models.head import load_head_ids, scatter_head
 from specls.models.spec import LOGITS_TO_KEEP, GraphIO, ModelLoadError, ModelSpec, check_graph_io, load_spec
 from specls.models.tokenizer import Tokenizer
 
@@ -155,6 +156,8 @@ class OnnxCausalLM(CausalLM):
                 f"{tok_path}: tokenizer has {self.tokenizer.vocab_size} tokens but the model's "
                 f"vocab_size is {self.spec.vocab_size}"
             )
+        # a reduced LM head's token ids ([head]; None: the graph's logits cover the whole vocabulary)
+        self.head_ids: np.ndarray | None = load_head_ids(self.model_dir, self.spec)
         onnx_path = self.model_dir / self.spec.onnx_file
         self.session, self.provider = _create_session(onnx_path, settings)
         check_graph_io(
@@ -162,6 +165,7 @@ class OnnxCausalLM(CausalLM):
             onnx_path,
             [GraphIO(i.name, i.type, tuple(i.shape)) for i in self.session.get_inputs()],
             [GraphIO(o.name, o.type, tuple(o.shape)) for o in self.session.get_outputs()],
+            self.logits_width if self.head_ids is not None else None,
         )
         self.kv_dtype = np.float16 if self.spec.dtype == "fp16" else np.float32
         # graph I/O order for the flat past/present lists: k0, v0, k1, v1, ...
@@ -184,11 +188,12 @@ class OnnxCausalLM(CausalLM):
                 self.model_dir,
             )
         log.info(
-            "loaded %s (%s, %d layers, vocab %d, %s) on %s in %.0f ms",
+            "loaded %s (%s, %d layers, vocab %d, head %d, %s) on %s in %.0f ms",
             self.model_dir,
             self.spec.model_type,
             self.spec.num_layers,
             self.spec.vocab_size,
+            self.logits_width,
             self.spec.dtype,
             self.provider,
             1000 * (time.perf_counter() - t0),
@@ -201,6 +206,20 @@ class OnnxCausalLM(CausalLM):
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.spec.eos_token_ids
+
+    @property
+    def logits_width(self) -> int:
+        """The graph's logits width: the vocabulary, or the ids of a reduced head."""
+        return self.spec.vocab_size if self.head_ids is None else int(self.head_ids.size)
+
+    def to_vocab(self, logits: np.ndarray) -> np.ndarray:
+        """The graph's logits [n, width] as float32 logits over the vocabulary [n, vocab]: a reduced
+        head's columns are scattered to their token ids (``models.head``)."""
+        return scatter_head(logits, self.head_ids, self.spec.vocab_size)
+
+    def to_token_ids(self, idx: np.ndarray) -> np.ndarray:
+        """Positions in the graph's logits ([n] int64, e.g. their argmax) as token ids."""
+        return idx if self.head_ids is None else self.head_ids[idx]
 
     @property
     def pass_granularity(self) -> int:
@@ -245,6 +264,7 @@ class OnnxCausalLM(CausalLM):
                         path,
                         [GraphIO(i.name, i.type, tuple(i.shape)) for i in sess.get_inputs()],
                         [GraphIO(o.name, o.type, tuple(o.shape)) for o in sess.get_outputs()],
+                        self.logits_width if self.head_ids is not None else None,
                     )
                     if isinstance(sess.get_inputs()[0].shape[0], int):
                         raise ModelLoadError(f"{path}: its batch axis is fixed; it cannot batch")
@@ -275,7 +295,7 @@ class OnnxCausalLM(CausalLM):
             seqs.append(cache)
             arrs.append(_check_ids(seq_ids, spec, cache.length))
         live = [i for i, a in enumerate(arrs) if a.size]
-        out = [np.zeros((0, spec.vocab_size), dtype=np.float32) for _ in arrs]
+        out = [np.zeros((0, spec.vocab_size), dtype=np.float32) for _ in arrs]  # each [0, vocab]
         if not live:
             return out
         for i in live:
@@ -292,8 +312,7 @@ class OnnxCausalLM(CausalLM):
         else:
             logits = self._batch_on_host([seqs[i] for i in live], batch)
         for j, i in enumerate(live):
-            row = logits[j, : batch.news[j]]  # [n, vocab]
-            out[i] = row if row.dtype == np.float32 else row.astype(np.float32)
+            out[i] = self.to_vocab(logits[j, : batch.news[j]])  # [n, vocab]
         return out
 
     def _batch_feed(self, batch: _BatchInputs) -> dict[str, np.ndarray]:
@@ -458,9 +477,8 @@ class OrtKVCache(KVCache):
         self._shared = False
         self._pad = pad
         self._length += arr.size
-        logits = outs[0][0]  # [n (or kept) + pad, vocab]
-        logits = logits[: logits.shape[0] - pad]  # [n (or kept), vocab]
-        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+        logits = outs[0][0]  # [n (or kept) + pad, width]
+        return self._lm.to_vocab(logits[: logits.shape[0] - pad])  # [n (or kept), vocab]
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         """ids: [n] -> logits: [n, vocab] float32; the cache grows by n."""
@@ -546,7 +564,7 @@ class SharedKVCache(OrtKVCache):
         pad, feed = self._pass_feed(arr, keep)
         self._reserve(self._length + arr.size + pad)
         rows = int(feed[LOGITS_TO_KEEP][0]) if lm.spec.keeps_logits else arr.size + pad
-        logits = np.empty((1, rows, lm.spec.vocab_size), dtype=lm.kv_dtype)  # [1, n (or kept) + pad, vocab]
+        logits = np.empty((1, rows, lm.logits_width), dtype=lm.kv_dtype)  # [1, n (or kept) + pad, width]
         binding = lm.session.io_binding()
         for name, value in feed.items():
             binding.bind_cpu_input(name, value)
@@ -560,8 +578,7 @@ class SharedKVCache(OrtKVCache):
         lm.session.run_with_iobinding(binding)
         self._pad = pad  # the pad position is overwritten by the next pass
         self._length += arr.size
-        out = logits[0, : rows - pad]  # [n (or kept), vocab]
-        return out if out.dtype == np.float32 else out.astype(np.float32)
+        return lm.to_vocab(logits[0, : rows - pad])  # [n (or kept), vocab]
 
     def compact(self) -> None:
         """Nothing to do: batched passes' KV is copied into the buffers (``_load_kv``)."""
@@ -618,8 +635,8 @@ class BoundKVCache(OrtKVCache):
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0, self._lm.spec.vocab_size), dtype=np.float32)
-        logits = self._run(arr, "cpu")[0].numpy()[0, : arr.size]  # [n, vocab]
-        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+        logits = self._run(arr, "cpu")[0].numpy()[0, : arr.size]  # [n, width]
+        return self._lm.to_vocab(logits)  # [n, vocab]
 
     def append(self, ids: Sequence[int]) -> None:
         """A prefill: the logits stay on the device and are dropped ([n, vocab] of a long prompt is
@@ -633,15 +650,16 @@ class BoundKVCache(OrtKVCache):
         if arr.size == 0:
             return np.zeros((self._lm.spec.vocab_size,), dtype=np.float32)
         logits, pad = self._run(arr, "cpu", keep=1)
-        row = logits.numpy()[0, -1 - pad]  # [vocab]
-        return row if row.dtype == np.float32 else row.astype(np.float32)
+        row = logits.numpy()[0, -1 - pad]  # [width]
+        return self._lm.to_vocab(row[None, :])[0]  # [vocab]
 
     def forward_greedy(self, ids: Sequence[int]) -> np.ndarray:
         arr = _check_ids(ids, self._lm.spec, self._length)
         if arr.size == 0:
             return np.zeros((0,), dtype=np.int64)
-        logits, _ = self._run(arr, self._device)  # [1, n + pad, vocab] on the device
-        return self._lm.device_ops(self._device).argmax(logits)[: arr.size]  # [n]
+        logits, _ = self._run(arr, self._device)  # [1, n + pad, width] on the device
+        idx = self._lm.device_ops(self._device).argmax(logits)[: arr.size]  # [n]
+        return self._lm.to_token_ids(idx)
 
 
 class _DeviceOps:
@@ -687,7 +705,7 @@ class _DeviceOps:
         argmax = helper.make_graph(
             [helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0)],
             "greedy",
-            [helper.make_tensor_value_info("logits", logits_elem, [1, "n", lm.spec.vocab_size])],
+            [helper.make_tensor_value_info("logits", logits_elem, [1, "n", lm.logits_width])],
             [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "n"])],
         )
         self._argmax = self._session(argmax)

@@ -69,6 +69,10 @@ class ModelSpec:
     # the graph reads the past length from attention_mask (models.kv_buffer): a past may be a buffer
     # with spare capacity that its present is bound to, so the KV is written in place
     shared_kv_buffer: bool = False
+    # a reduced LM head (a draft model's, ``specls export --draft-head``): this .npy file holds the
+    # sorted token ids the graph's logits cover ([batch, new, len(ids)]); the runtime scatters them
+    # into the vocabulary and fills the rest with HEAD_FILL (models.head)
+    head_ids_file: str | None = None
 
     @property
     def uses_position_ids(self) -> bool:
@@ -114,6 +118,7 @@ class ModelSpec:
             "source": self.source,
             "batch_onnx_file": self.batch_onnx_file,
             "shared_kv_buffer": self.shared_kv_buffer,
+            "head_ids_file": self.head_ids_file,
         }
 
     def write(self, model_dir: Path) -> Path:
@@ -208,6 +213,9 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
     batch_file = d.get("batch_onnx_file")
     if batch_file is not None and (not isinstance(batch_file, str) or Path(batch_file).name != batch_file):
         raise _err(path, f"field 'batch_onnx_file' must be a plain file name or null, got {batch_file!r}")
+    head_file = d.get("head_ids_file")
+    if head_file is not None and (not isinstance(head_file, str) or Path(head_file).name != head_file):
+        raise _err(path, f"field 'head_ids_file' must be a plain file name or null, got {head_file!r}")
     shared_kv = d.get("shared_kv_buffer", False)
     if not isinstance(shared_kv, bool):
         raise _err(path, f"field 'shared_kv_buffer' must be true or false, got {shared_kv!r}")
@@ -238,6 +246,7 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
         source=source if isinstance(source, str) else "",
         batch_onnx_file=batch_file,
         shared_kv_buffer=shared_kv,
+        head_ids_file=head_file,
     )
     if len(set(spec.graph_inputs)) != len(spec.graph_inputs):
         raise _err(path, "graph input names overlap")
@@ -261,7 +270,7 @@ def load_spec(model_dir: str | Path) -> ModelSpec:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _err(path, f"unreadable JSON ({exc})") from None
     spec = spec_from_dict(raw, path)
-    for name in (spec.onnx_file, spec.tokenizer_file, spec.batch_onnx_file):
+    for name in (spec.onnx_file, spec.tokenizer_file, spec.batch_onnx_file, spec.head_ids_file):
         if name is None:
             continue
         f = model_dir / name
@@ -289,9 +298,14 @@ _ORT_TYPES = {"fp32": "tensor(float)", "fp16": "tensor(float16)"}
 
 
 def check_graph_io(
-    spec: ModelSpec, onnx_path: Path, inputs: Sequence[GraphIO], outputs: Sequence[GraphIO]
+    spec: ModelSpec,
+    onnx_path: Path,
+    inputs: Sequence[GraphIO],
+    outputs: Sequence[GraphIO],
+    head_size: int | None = None,
 ) -> None:
-    """Check the graph's inputs/outputs (as reported by an ORT session) against the spec."""
+    """Check the graph's inputs/outputs (as reported by an ORT session) against the spec; ``head_size``:
+    the logits width of a reduced LM head (``models.head``), None for the whole vocabulary."""
     inputs = [_int_dims(i) for i in inputs]
     outputs = [_int_dims(o) for o in outputs]
     in_by_name = {i.name: i for i in inputs}
@@ -344,5 +358,8 @@ def check_graph_io(
             onnx_path, f"logits {logits.name!r} must be float [batch, new, vocab], graph has {logits.shape}"
         )
     v = logits.shape[2]
-    if isinstance(v, int) and v != spec.vocab_size:
+    if head_size is not None:
+        if isinstance(v, int) and v != head_size:
+            raise _err(onnx_path, f"logits dim {v} != the {head_size} ids of {spec.head_ids_file}")
+    elif isinstance(v, int) and v != spec.vocab_size:
         raise _err(onnx_path, f"logits vocab dim {v} != vocab_size {spec.vocab_size} in {SPEC_FILE}")

@@ -39,7 +39,9 @@ def build_tokenizer(out: Path) -> Path:
     return path
 
 
-def build_checkpoint(out: Path, arch: str) -> Path:
+def build_checkpoint(out: Path, arch: str, tie: bool = False) -> Path:
+    """A tiny random ``arch`` ("llama" | "qwen2") checkpoint; ``tie``: the LM head is the input embedding
+    (as Qwen2.5-Coder 0.5B's)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -54,7 +56,7 @@ def build_checkpoint(out: Path, arch: str) -> Path:
         max_position_embeddings=256,
         eos_token_id=3,
         bos_token_id=None,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
     )
     config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     model = AutoModelForCausalLM.from_config(config)
