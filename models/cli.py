@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--draft-head",
         choices=("full", "ascii"),  # models.head.DRAFT_HEADS (not imported: this parser loads no numpy)
         default="full",
-        help="ascii: the LM head scores only ASCII and added tokens (a draft model's option: 16%% "
+        help="ascii: the LM head scores only ASCII and added tokens (a draft model's option: 8%% "
         "cheaper steps for Qwen2.5-Coder 0.5B, and the target still checks every token); never for a target",
     )
     p.add_argument(
