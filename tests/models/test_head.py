@@ -136,7 +136,7 @@ def heads(tied: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
     full = ExportOptions(tolerance=1e-4)
     return {
         "full": export_model(str(tied), root / "full", full),
-        "ascii": export_model(str(tied), root / "ascii", replace(full, draft_head="ascii")),
+        "ascii": export_model(str(tied), root / "ascii", replace(full, draft_head="ascii", batch_graph=True)),
         "ascii-int8": export_model(
             str(tied), root / "ascii-int8", replace(full, draft_head="ascii", quantize="int8", agreement=TINY)
         ),
@@ -174,6 +174,18 @@ def cache_copy_logits(lm: OnnxCausalLM, prompt: list[int], nxt: list[int], last:
     c = lm.new_cache()
     c.forward([*prompt, *nxt])
     return c.forward([int(np.argmax(last)), 7])
+
+
+@pytest.mark.slow
+def test_batched_passes_of_an_ascii_head_scatter_like_single_ones(heads: dict[str, Path]) -> None:
+    lm = OnnxCausalLM(heads["ascii"], CPU)
+    assert lm.enable_batching()  # model.batch.onnx: its logits are as narrow as the main graph's
+    seqs = [lm.tokenizer.encode("def add(a, b):"), lm.tokenizer.encode("naïve")]
+    got = lm.forward_batch([lm.new_cache(), lm.new_cache()], seqs)
+    for ids, logits in zip(seqs, got, strict=True):
+        want = lm.new_cache().forward(ids)  # [n, 300]
+        assert logits.shape == want.shape == (len(ids), 300)
+        np.testing.assert_allclose(logits, want, atol=1e-4)  # the fill value included: never mixed up
 
 
 @pytest.mark.slow
