@@ -226,7 +226,7 @@ def export_model(
     head_ids = None
     if options.draft_head == "ascii":
         head_ids = ascii_token_ids(tokenizer, spec.vocab_size, spec.eos_token_ids)
-        slice_head(model, head_ids)
+        slice_head(model, _text_config(model.config), head_ids)
         spec = replace(spec, head_ids_file=HEAD_IDS_FILE)
         log.info("draft head: %d of %d tokens (ASCII and added tokens)", head_ids.size, spec.vocab_size)
     n_params = sum(p.numel() for p in model.parameters())
@@ -244,7 +244,7 @@ def export_model(
             release_freed_memory(collect=True)
             model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
             if head_ids is not None:
-                slice_head(model, head_ids)
+                slice_head(model, _text_config(model.config), head_ids)
         traced = False
         if fusions is not None:
             try:

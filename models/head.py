@@ -51,9 +51,10 @@ def ascii_token_ids(tokenizer: Tokenizer, vocab_size: int, keep: Sequence[int] =
     return np.array(sorted(ids), dtype=np.int64)
 
 
-def slice_head(model: Any, ids: np.ndarray) -> None:
+def slice_head(model: Any, text_config: Any, ids: np.ndarray) -> None:
     """Replace a transformers causal LM's output projection by its rows ``ids`` (untied from the input
-    embedding, which keeps the whole vocabulary): its logits become [..., len(ids)]."""
+    embedding, which keeps the whole vocabulary, in its config and ``text_config``, the decoder's):
+    its logits become [..., len(ids)]."""
     import torch
 
     head = model.get_output_embeddings()  # nn.Linear: weight [vocab, hidden]
@@ -66,9 +67,7 @@ def slice_head(model: Any, ids: np.ndarray) -> None:
         if head.bias is not None:
             new.bias.copy_(head.bias[index])
     model.config.tie_word_embeddings = False
-    get_text = getattr(model.config, "get_text_config", None)
-    if callable(get_text):
-        get_text(decoder=True).tie_word_embeddings = False
+    text_config.tie_word_embeddings = False
     model.set_output_embeddings(new)
 
 
