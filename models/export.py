@@ -369,6 +369,8 @@ def _quantize_options(mode: str, options: ExportOptions) -> QuantizeOptions | No
         block_size=options.quant_block_size,
         accuracy_level=options.quant_accuracy_level,
         embedding=options.quantize_embedding and (base.bits == 4 or base.kernel == "integer"),
+        # MatMulInteger computes in fp32: an fp16 graph (the CUDA one) keeps MatMulNBits for its head
+        head_kernel=base.head_kernel if options.dtype == "fp32" else None,
     )
 
 

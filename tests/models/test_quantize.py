@@ -86,7 +86,8 @@ def test_int4_export_has_matmulnbits_and_loads(int4: dict[str, Path], arch: str)
     ops = _ops(d / "model.onnx")
     # 2 layers x (q, k, v, o, gate, up, down) + lm_head = 15 projections; fused q/k/v -> 9 on the fused
     # graph (transformers' exporter packs QKV and gate/up)
-    assert ops.get("MatMulNBits", 0) >= 9, ops
+    assert ops.get("MatMulNBits", 0) >= 8, ops
+    assert ops.get("MatMulInteger") == 1, ops  # the LM head at 8 bits through MatMulInteger, the body int4
     assert "MatMul" not in ops, ops  # every MatMul had a constant weight here: none left unquantized
     assert ops.get("GatherBlockQuantized") == 1, ops  # the embedding table
     assert "GroupQueryAttention" in ops  # the fused CPU path is kept
@@ -232,7 +233,8 @@ def test_int8_plain_graph(
 
 def test_quantize_options_and_errors(exported: dict[str, Path], tmp_path: Path) -> None:
     assert options_for("none") is None
-    assert options_for("int4") == QuantizeOptions(bits=4, head_bits=8)  # Not a 4-bit LM head
+    # Not a 4-bit LM head, nor MatMulNBits for it (its cost grows per row like the body's)
+    assert options_for("int4") == QuantizeOptions(bits=4, head_bits=8, head_kernel="integer")
     assert options_for("int8") == QuantizeOptions(bits=8, kernel="integer", head_bits=8)  # Not MatMulNBits
     with pytest.raises(QuantizeError, match="quantize must be"):
         options_for("int3")
@@ -244,6 +246,16 @@ def test_quantize_options_and_errors(exported: dict[str, Path], tmp_path: Path) 
         )
     with pytest.raises(QuantizeError, match="kernel must be"):
         quantize_graph(exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(kernel="gemm"))
+    with pytest.raises(QuantizeError, match="head_kernel must be"):
+        quantize_graph(
+            exported["llama"] / "model.onnx", tmp_path / "x.onnx", QuantizeOptions(head_kernel="gemm")
+        )
+    with pytest.raises(QuantizeError, match="8-bit head only"):
+        quantize_graph(
+            exported["llama"] / "model.onnx",
+            tmp_path / "x.onnx",
+            QuantizeOptions(head_bits=4, head_kernel="integer"),
+        )
     (tmp_path / "junk.onnx").write_bytes(b"not a graph")
     with pytest.raises(QuantizeError, match="cannot load"):
         quantize_graph(tmp_path / "junk.onnx", tmp_path / "y.onnx", QuantizeOptions())
@@ -272,7 +284,8 @@ def test_fp16_activations_int4_weights_graph(tiny_checkpoints: dict[str, Path], 
         ExportOptions(dtype="fp16", quantize="int4", agreement=TINY),
     )
     ops = _ops(d / "model.onnx")
-    assert ops.get("MatMulNBits", 0) >= 9, ops
+    assert ops.get("MatMulNBits", 0) >= 9, ops  # the head too: MatMulInteger computes in fp32
+    assert "MatMulInteger" not in ops, ops
     assert load_spec(d).dtype == "fp16"
     report = read_report(d)
     assert report["ort_fusions"] == "cuda" and report["quantize"] == "int4"
