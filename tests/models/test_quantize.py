@@ -99,7 +99,7 @@ def test_int4_export_has_matmulnbits_and_loads(int4: dict[str, Path], arch: str)
     assert a["positions"] >= 2000 and 0 < a["fim_positions"] < a["positions"]
     assert TINY.min_top1 <= min(a["top1"], a["fim_top1"]) and a["top1"] <= 1.0 and a["mean_kl"] >= 0.0
     assert not list(d.glob(".quantize-*")) and not list(d.glob(".export-*"))  # staging dirs gone
-    assert load_spec(d).keeps_logits  # logits_to_keep survived quantization (on the MatMulNBits head)
+    assert load_spec(d).keeps_logits  # logits_to_keep survived quantization (on the MatMulInteger head)
     lm = OnnxCausalLM(d, CPU)
     logits = lm.new_cache().forward([5, 17, 42, 99])
     assert logits.shape == (4, 300) and np.isfinite(logits).all()
