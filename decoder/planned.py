@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from specls.decoder.api import CausalLM, DecodeSettings, Drafter
+from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, point_masses_then
 from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
 
@@ -223,50 +223,64 @@ def calibrate(
     prefix: int = 32,
     points: Sequence[int] = (1, 3, 8),  # the verify curve is close to linear between them
     catchup_tokens: int = 16,
-    runs: int = 2,
+    rounds: int = 3,  # a median of 3 ignores one disturbed round; each round is ~0.8 s for Qwen 1.5B/0.5B
 ) -> PassCosts:
     """Measure a pair's pass costs: a target pass over g+1 tokens for g in ``points`` (interpolated
     between them) and a one-token draft pass, both relative to a one-token target pass after a
     ``prefix``-token context, and the draft's catch-up cost per token (a ``catchup_tokens`` feed).
     The target is measured by the rows its passes compute (``CausalLM.pass_granularity``): on a
     target that pads odd passes g = 1 costs what a one-token pass costs and g = 2 what g = 3 costs.
-    Fastest of ``runs`` runs each (a shape's first pass also pays ORT's allocations for it), on one
-    cache per model (fed its prefix once, truncated back).
 
-    Costs a 32-token prefill and 6-8 passes of the target, a prefill and 4 passes of the draft at load:
-    2.9-3.7 s for the int4 Qwen 1.5B/0.5B pair at 1 thread on this 2-core CPU, milliseconds for the
-    bundled pair."""
+    Interleaved rounds on one cache per model (fed its prefix once, truncated back after each pass):
+    a warm-up round that is thrown away (a shape's first pass also pays ORT's allocations for it), then
+    ``rounds`` rounds that each time every shape once, the target's one-token pass first. Each cost is
+    taken relative to its own round's one-token pass and the median over rounds counts, so a host whose
+    speed drifts between shapes (a shared CPU: 15-25% from one minute to the next) moves a round's
+    costs together, and one disturbed round moves nothing. (Fastest-of-2 per shape, measured shape
+    after shape, read verify[2] 1.05-1.20 and catch-up 0.060-0.069 in four loads in a row of the int8
+    Qwen pair: bench/README.md.)"""
     vocab = target.vocab_size
     k = max(1, target.pass_granularity)
     rows = sorted({_rows(g + 1, k) for g in (0, *points)})  # [one-token pass, ...]
     ids = [(7 * i + 3) % vocab for i in range(prefix + max(rows[-1], catchup_tokens))]
 
-    def timer(model: CausalLM) -> Callable[[int], float]:
+    def primed(model: CausalLM) -> KVCache:
         cache = model.new_cache()
         cache.forward(ids[:prefix])
+        return cache
 
-        def timed(n: int) -> float:
-            times = []
-            for _ in range(runs):
-                t0 = clock()
-                cache.forward(ids[prefix : prefix + n])
-                times.append(clock() - t0)
-                cache.truncate(prefix)
-            return min(times)
+    def timed(cache: KVCache, n: int) -> float:
+        t0 = clock()
+        cache.forward(ids[prefix : prefix + n])
+        elapsed = clock() - t0
+        cache.truncate(prefix)
+        return elapsed
 
-        return timed
-
-    on_target = timer(target)
-    cost = [on_target(r) for r in rows]  # seconds per pass over rows[i] tokens
-    one = max(cost[0], 1e-9)
-    verify = tuple(float(np.interp(_rows(g + 1, k), rows, cost)) / one for g in range(max(points) + 1))
+    on_target = primed(target)
+    shapes = [(on_target, r) for r in rows]  # then the draft's step and catch-up feed
+    if draft is not None:
+        on_draft = primed(draft)
+        shapes += [(on_draft, 1), (on_draft, catchup_tokens)]
+    for cache, n in shapes:  # warm-up
+        timed(cache, n)
+    # relative: [rounds, shapes], each round's costs over its own one-token target pass
+    relative = np.array([_over_first([timed(c, n) for c, n in shapes]) for _ in range(max(1, rounds))])
+    cost = [float(c) for c in np.median(relative, axis=0)]  # cost[0] == 1.0
+    verify = tuple(float(np.interp(_rows(g + 1, k), rows, cost[: len(rows)])) for g in range(max(points) + 1))
     if draft is None:
         return PassCosts(verify=verify, step=0.0, catchup=0.0)
-    on_draft = timer(draft)
-    step = on_draft(1) / one
-    catchup = on_draft(catchup_tokens) / catchup_tokens / one
-    costs = PassCosts(verify=verify, step=step, catchup=catchup)
+    step, feed = cost[len(rows) :]
+    costs = PassCosts(verify=verify, step=step, catchup=feed / catchup_tokens)
     log.info(
-        "drafting policy costs: verify %s, draft step %.3f, catch-up %.4f per token", verify, step, catchup
+        "drafting policy costs: verify %s, draft step %.3f, catch-up %.4f per token",
+        verify,
+        step,
+        costs.catchup,
     )
     return costs
+
+
+def _over_first(times: Sequence[float]) -> list[float]:
+    """Times relative to the first: ``_over_first([0.2, 0.3, 0.1]) == [1.0, 1.5, 0.5]``."""
+    one = max(times[0], 1e-9)
+    return [t / one for t in times]

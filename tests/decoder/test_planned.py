@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -109,14 +109,21 @@ def test_sampling_q_rows_cover_the_proposal() -> None:
 
 
 class _Clocked(CausalLM):
-    """A FakeLM whose passes advance a fake clock by fixed + per_token * rows, rows = n rounded up to
-    a multiple of ``granularity``; ``fed`` logs each pass's n."""
+    """A FakeLM whose passes advance a fake clock by (fixed + per_token * rows) * slowdown(pass number),
+    rows = n rounded up to a multiple of ``granularity``; ``fed`` logs each pass's n. ``slowdown``
+    (shared by the models of one host) is a busy host: 1.0 by default."""
 
     def __init__(
-        self, lm: FakeLM, clock: list[float], fixed: float, per_token: float, granularity: int = 1
+        self,
+        lm: FakeLM,
+        clock: list[float],
+        fixed: float,
+        per_token: float,
+        granularity: int = 1,
+        slowdown: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self.lm, self.clock, self.fixed, self.per_token = lm, clock, fixed, per_token
-        self.granularity = granularity
+        self.granularity, self.slowdown = granularity, slowdown
         self.fed: list[int] = []
 
     @property
@@ -139,7 +146,7 @@ class _ClockedCache(FakeCache):
     def forward(self, ids: Sequence[int]) -> np.ndarray:
         o = self.owner
         o.fed.append(len(ids))
-        o.clock[0] += o.fixed + o.per_token * (-(-len(ids) // o.granularity) * o.granularity)
+        o.clock[0] += (o.fixed + o.per_token * (-(-len(ids) // o.granularity) * o.granularity)) * o.slowdown()
         return super().forward(ids)
 
 
@@ -147,7 +154,7 @@ def test_calibrate_recovers_the_cost_model() -> None:
     clock = [0.0]
     target = _Clocked(TARGET, clock, fixed=0.10, per_token=0.01)
     draft = _Clocked(GOOD_DRAFT, clock, fixed=0.03, per_token=0.001)
-    costs = calibrate(target, draft, lambda: clock[0], prefix=32, points=(1, 2, 4, 8), runs=3)
+    costs = calibrate(target, draft, lambda: clock[0], prefix=32, points=(1, 2, 4, 8), rounds=3)
     one = 0.11
     assert costs.verify[0] == 1.0
     assert costs.verify[4] == pytest.approx((0.10 + 0.05) / one)  # measured at g = 4
@@ -172,8 +179,8 @@ def test_calibrate_measures_a_padding_target_by_its_rows() -> None:
     assert all(n % 2 == 0 for n in target.fed[1:])  # after the prefix: even passes only (2, 4, 10)
 
 
-def test_calibrate_takes_the_fastest_run() -> None:
-    """The first pass of each new shape is slow (ORT allocates for it): the fastest run counts."""
+def test_calibrate_throws_the_warm_up_round_away() -> None:
+    """The first pass of each new shape is slow (ORT allocates for it): the warm-up round takes it."""
     clock = [0.0]
     target = _Clocked(TARGET, clock, fixed=0.10, per_token=0.01)
     seen: set[int] = set()
@@ -193,8 +200,43 @@ def test_calibrate_takes_the_fastest_run() -> None:
         return cache
 
     target.new_cache = cold_first  # type: ignore[method-assign]
-    costs = calibrate(target, None, lambda: clock[0], prefix=8, runs=2)
-    assert costs.verify[3] == pytest.approx(0.14 / 0.11)  # Not (0.14 + 0.5) / (0.11 + 0.5): a median
+    costs = calibrate(target, None, lambda: clock[0], prefix=8, rounds=2)
+    assert costs.verify[3] == pytest.approx(0.14 / 0.11)  # Not (0.14 + 1.0) / (0.11 + 1.0): warm-up
+
+
+def _busy_host(passes: list[int], slow: set[int], factor: float) -> Callable[[], float]:
+    """A host that runs passes number ``slow`` (0-based, both models counted) ``factor`` times slower."""
+
+    def slowdown() -> float:
+        passes[0] += 1
+        return factor if passes[0] - 1 in slow else 1.0
+
+    return slowdown
+
+
+@pytest.mark.parametrize(
+    "slow",
+    [
+        set(range(17, 100)),  # the host halves its speed in round 2 (at its 4th shape) and stays slow
+        {8},  # one pass of round 1 (its one-token target pass) disturbed
+        {15, 16},  # two passes of round 2
+    ],
+)
+def test_calibrate_is_immune_to_a_host_that_changes_speed(slow: set[int]) -> None:
+    """A shared CPU changes speed between shapes: each round's costs count relative to that round's
+    one-token pass, and the median over 3 rounds drops the round it disturbed. Passes: 2 prefixes,
+    a warm-up round of 6 shapes (4 target rows, draft step and catch-up), then 3 rounds of 6."""
+    clock, passes = [0.0], [0]
+    host = _busy_host(passes, slow, factor=2.0)
+    target = _Clocked(TARGET, clock, fixed=0.10, per_token=0.01, slowdown=host)
+    draft = _Clocked(GOOD_DRAFT, clock, fixed=0.03, per_token=0.001, slowdown=host)
+    costs = calibrate(target, draft, lambda: clock[0], prefix=32, points=(1, 3, 8), rounds=3)
+    assert passes[0] == 2 + 6 * 4
+    one = 0.11
+    assert costs.verify[3] == pytest.approx(0.14 / one)  # Not 0.28 / 0.11: shape after shape's reading
+    assert costs.verify[8] == pytest.approx(0.19 / one)
+    assert costs.step == pytest.approx(0.031 / one)  # Not 0.031 / 0.22 (the slow one-token pass)
+    assert costs.catchup == pytest.approx((0.03 + 0.016) / 16 / one)
 
 
 def _copying(costs: PassCosts, **state: object) -> tuple[PlannedDrafter, PolicyState]:
