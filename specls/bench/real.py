@@ -759,6 +759,9 @@ def run_bench(opt: RealBenchOptions) -> int:
         "total e2e time); ttft = time to the first token (median); tok/s after 1st = the tokens after the "
         "pass that gave the first one over the time after it (llama.cpp's predicted_ms counts from there)"
     )
+    policy = hybrid.stats()["drafting_policy"]  # the costs it planned by and what it chose
+    if "hybrid" in engines:
+        print(f"drafting policy (hybrid): {json.dumps(policy)}")
     for task, cells in results.items():
         for m in methods:
             for d in cells[m].first_divergence:
@@ -778,6 +781,7 @@ def run_bench(opt: RealBenchOptions) -> int:
                 }
                 for t, cells in results.items()
             },
+            "drafting_policy": policy,
             "divergences": {
                 t: {m: c.first_divergence for m, c in cells.items() if c.first_divergence}
                 for t, cells in results.items()

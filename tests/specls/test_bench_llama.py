@@ -523,8 +523,12 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
     launched = [json.loads(line) for line in argv_log.read_text().splitlines()]
     assert len(launched) == 3  # one server per llama configuration
     assert any("ngram-simple" in a for a in launched) and any("-md" in a for a in launched)
+    policy = data["drafting_policy"]  # the costs the hybrid planned by, calibrated at load
+    assert policy["verify_cost"][0] == 1.0 and policy["draft_step_cost"] > 0
+    assert sum(policy["choices"].values()) > 0  # the hybrid's passes were planned
     table = capsys.readouterr().out
     assert "llama-ngram" in table and "hybrid" in table
+    assert "drafting policy (hybrid): {" in table
 
 
 def _short_run(
