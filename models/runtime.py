@@ -58,7 +58,13 @@ PROVIDERS = ("auto", "cpu", "cuda")
 class RuntimeSettings:
     threads: int = 1  # intra-op threads; 0 = ONNX Runtime's default (one per physical core)
     provider: str = "auto"  # "auto" (CUDA when usable) | "cpu" | "cuda"
-    spinning: bool = False  # let idle intra-op threads spin (lower latency, burns CPU)
+    # Intra-op worker threads spin between the ops of a pass instead of sleeping, and stop at the end
+    # of each run (session.force_spinning_stop), so an idle server, or a draft model's session while
+    # the target's runs, has no thread spinning. At 2 threads on the 2-core AVX2 CPU, interleaved
+    # medians in four reads: the int8 1.5B's one-token pass 91-98 ms spinning vs 104-128 ms sleeping,
+    # the 0.5B's 34-43 vs 44-67 ms; at 1 thread (no worker threads) the same. bench/README.md
+    # "Spinning threads".
+    spinning: bool = True
     # Pad every odd pass with one row whose logits and KV are dropped. ORT's CPU kernels compute a
     # lone row differently from rows that come in pairs: MatMulNBits at accuracy_level 4 runs the last
     # row of an odd pass through its one-row kernel, and GroupQueryAttention has a one-token path
@@ -80,6 +86,7 @@ def _session_options(settings: RuntimeSettings) -> Any:
     so.intra_op_num_threads = max(0, settings.threads)
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.spinning else "0")
+    so.add_session_config_entry("session.force_spinning_stop", "1" if settings.spinning else "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     so.log_severity_level = 3  # errors only: ORT's own warnings are noise for users
     return so

@@ -237,3 +237,17 @@ def test_logits_do_not_depend_on_how_the_tokens_are_split_into_passes(
     """Speculative == plain greedy rests on this: a verify pass of k tokens must compute each row
     exactly as k one-token passes would (ORT's one-row kernels differ: RuntimeSettings.even_passes)."""
     assert_split_invariant(lms[arch], SEQ[:11], [*SEQ[11:], *SEQ[:6]])
+
+
+@pytest.mark.parametrize("spinning", [True, False])
+def test_threads_spin_within_a_run_and_stop_after_it(spinning: bool) -> None:
+    """Spinning (the default) is on between a run's ops and forced off at the run's end: an idle
+    server or the other model's session has no thread spinning."""
+    from specls.models.runtime import _session_options
+
+    so = _session_options(RuntimeSettings(threads=2, spinning=spinning))
+    flag = "1" if spinning else "0"
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == flag
+    assert so.get_session_config_entry("session.force_spinning_stop") == flag
+    assert so.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    assert RuntimeSettings().spinning  # Not off by default: 12-24% slower passes at 2 threads
