@@ -223,7 +223,7 @@ def calibrate(
     prefix: int = 32,
     points: Sequence[int] = (1, 3, 8),  # the verify curve is close to linear between them
     catchup_tokens: int = 16,
-    rounds: int = 3,  # a median of 3 ignores one disturbed round; each round is ~0.8 s for Qwen 1.5B/0.5B
+    rounds: int = 3,  # each round is ~0.8 s for the int8 Qwen 1.5B/0.5B at 1 thread
 ) -> PassCosts:
     """Measure a pair's pass costs: a target pass over g+1 tokens for g in ``points`` (interpolated
     between them) and a one-token draft pass, both relative to a one-token target pass after a
@@ -233,12 +233,12 @@ def calibrate(
 
     Interleaved rounds on one cache per model (fed its prefix once, truncated back after each pass):
     a warm-up round that is thrown away (a shape's first pass also pays ORT's allocations for it), then
-    ``rounds`` rounds that each time every shape once, the target's one-token pass first. Each cost is
-    taken relative to its own round's one-token pass and the median over rounds counts, so a host whose
-    speed drifts between shapes (a shared CPU: 15-25% from one minute to the next) moves a round's
-    costs together, and one disturbed round moves nothing. (Fastest-of-2 per shape, measured shape
-    after shape, read verify[2] 1.05-1.20 and catch-up 0.060-0.069 in four loads in a row of the int8
-    Qwen pair: bench/README.md.)"""
+    ``rounds`` rounds that each time every shape once; each shape's fastest round counts. A busy host
+    only ever adds time to a pass, so the fastest is the least disturbed, and since the rounds
+    interleave the shapes, a host whose speed changes between minutes (15-25% on a shared CPU) gives
+    every shape the same fast minutes instead of some shapes a slow one (bench/README.md
+    "Calibration in rounds").
+    """
     vocab = target.vocab_size
     k = max(1, target.pass_granularity)
     rows = sorted({_rows(g + 1, k) for g in (0, *points)})  # [one-token pass, ...]
@@ -263,9 +263,9 @@ def calibrate(
         shapes += [(on_draft, 1), (on_draft, catchup_tokens)]
     for cache, n in shapes:  # warm-up
         timed(cache, n)
-    # relative: [rounds, shapes], each round's costs over its own one-token target pass
-    relative = np.array([_over_first([timed(c, n) for c, n in shapes]) for _ in range(max(1, rounds))])
-    cost = [float(c) for c in np.median(relative, axis=0)]  # cost[0] == 1.0
+    times = np.array([[timed(c, n) for c, n in shapes] for _ in range(max(1, rounds))])  # [rounds, shapes]
+    fastest = times.min(axis=0)
+    cost = [float(t) / max(float(fastest[0]), 1e-9) for t in fastest]  # relative to a one-token pass
     verify = tuple(float(np.interp(_rows(g + 1, k), rows, cost[: len(rows)])) for g in range(max(points) + 1))
     if draft is None:
         return PassCosts(verify=verify, step=0.0, catchup=0.0)
@@ -278,9 +278,3 @@ def calibrate(
         costs.catchup,
     )
     return costs
-
-
-def _over_first(times: Sequence[float]) -> list[float]:
-    """Times relative to the first: ``_over_first([0.2, 0.3, 0.1]) == [1.0, 1.5, 0.5]``."""
-    one = max(times[0], 1e-9)
-    return [t / one for t in times]
