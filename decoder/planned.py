@@ -223,7 +223,7 @@ def calibrate(
     prefix: int = 32,
     points: Sequence[int] = (1, 3, 8),  # the verify curve is close to linear between them
     catchup_tokens: int = 16,
-    rounds: int = 3,  # each round is ~0.8 s for the int8 Qwen 1.5B/0.5B at 1 thread
+    rounds: int = 3,  # each round ~1 s for the int8 Qwen 1.5B/0.5B at 1 thread
 ) -> PassCosts:
     """Measure a pair's pass costs: a target pass over g+1 tokens for g in ``points`` (interpolated
     between them) and a one-token draft pass, both relative to a one-token target pass after a
@@ -238,7 +238,10 @@ def calibrate(
     interleave the shapes, a host whose speed changes between minutes (15-25% on a shared CPU) gives
     every shape the same fast minutes instead of some shapes a slow one (bench/README.md
     "Calibration in rounds").
-    """
+
+    Costs two 32-token prefills and 4 rounds of 4 target and 2 draft passes at load: 4.3-5.0 s for the
+    int8 Qwen 1.5B/0.5B pair at 1 thread on the 2-core CPU (2.5-3.0 s before the rounds), milliseconds
+    for the bundled pair."""
     vocab = target.vocab_size
     k = max(1, target.pass_granularity)
     rows = sorted({_rows(g + 1, k) for g in (0, *points)})  # [one-token pass, ...]
