@@ -33,7 +33,9 @@ class ServerSettings:
     # typing into a suggestion shows its rest at once (off: each keystroke is decoded again, exact for it)
     type_ahead: bool = True
     gamma: int = 5  # initial draft length
-    threads: int = 0  # onnxruntime intra-op threads; 0 = runtime default
+    # onnxruntime intra-op threads; 0 = unset: the engine's default, 1 (on an idle 2-core CPU 2 threads
+    # decode the int8 1.5B 1.5x faster: bench/README.md run 21; on a busy one they compete with the work)
+    threads: int = 0
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
     multiline: str = "auto"  # auto | always | never
