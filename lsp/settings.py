@@ -34,7 +34,7 @@ class ServerSettings:
     type_ahead: bool = True
     gamma: int = 5  # initial draft length
     # onnxruntime intra-op threads; 0 = unset: the engine's default, 1 (on an idle 2-core CPU 2 threads
-    # decode the int8 1.5B 1.5x faster: bench/README.md run 21; on a busy one they compete with the work)
+    # decode the int8 1.5B 1.3-1.5x faster: bench/README.md runs 19-23; on a busy one they compete)
     threads: int = 0
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
