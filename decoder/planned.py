@@ -268,7 +268,8 @@ def calibrate(
         timed(cache, n)
     times = np.array([[timed(c, n) for c, n in shapes] for _ in range(max(1, rounds))])  # [rounds, shapes]
     fastest = times.min(axis=0)
-    cost = [float(t) / max(float(fastest[0]), 1e-9) for t in fastest]  # relative to a one-token pass
+    one = max(float(fastest[0]), 1e-9)  # a one-token target pass
+    cost = [float(t) / one for t in fastest]
     verify = tuple(float(np.interp(_rows(g + 1, k), rows, cost[: len(rows)])) for g in range(max(points) + 1))
     if draft is None:
         return PassCosts(verify=verify, step=0.0, catchup=0.0)
