@@ -22,7 +22,12 @@ log = logging.getLogger(__name__)
 class DrafterSettings:
     """How the drafters propose."""
 
-    lookup_min_n: int = 2  # shortest context tail that may match
+    # Shortest context tail that may match. 1: a match of the last token alone is a guess, but a
+    # target's one-token pass is padded to two rows anyway (``RuntimeSettings.even_passes``), so a
+    # one-token guess rides free, and the policy prices such matches apart (``PolicyState.lookup_guess``).
+    # Qwen 1.5B/0.5B int8, 24 held-out points, scripts/policy_replay.py at run 21's costs: 64 tokens
+    # 1.87x -> 2.06x, short 1.09x -> 1.21x (bench/README.md "One-token lookup matches").
+    lookup_min_n: int = 1
     lookup_max_n: int = 4  # longest context tail tried first
     hybrid_min_match: int = 3  # the hybrid uses a lookup proposal only when its match is this long
     hybrid_extend: bool = True  # extend a lookup proposal shorter than k with the draft model

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, point_masses_then
+from specls.decoder.ngram import LookupMatch
 from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,13 @@ class PolicyState:
     # (one table for both under-proposed while copying and over-proposed on chance matches).
     lookup_hot: AcceptanceByPosition = field(
         default_factory=lambda: AcceptanceByPosition(prior=(0.9, 0.85, 0.8))
+    )
+    # Lookup on a match of the context's last token alone (``DrafterSettings.lookup_min_n`` 1), not
+    # after a hit: a guess, right far less often than a longer match, kept apart so that it neither
+    # shortens the longer matches' proposals nor is trusted like them. It pays where a CPU verifies
+    # a few extra rows at about no cost (bench/README.md "One-token lookup matches"). Prior 0.3.
+    lookup_guess: AcceptanceByPosition = field(
+        default_factory=lambda: AcceptanceByPosition(prior=(0.3, 0.5, 0.5))
     )
     model: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.6,)))
     length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
@@ -84,6 +92,7 @@ class PolicyState:
                 "choices": dict(self.choices),
                 "lookup_accept": [round(x, 3) for x in self.lookup.rates(4)],
                 "lookup_accept_after_hit": [round(x, 3) for x in self.lookup_hot.rates(4)],
+                "lookup_accept_one_token_match": [round(x, 3) for x in self.lookup_guess.rates(4)],
                 "model_accept": [round(x, 3) for x in self.model.rates(4)],
                 "mean_length": round(self.length, 1),
                 "mean_length_to_stop": round(self.stop_length, 1),
@@ -118,6 +127,7 @@ class PlannedDrafter(Drafter):
         self._sources: list[str] = []
         self._q: np.ndarray | None = None
         self._hot = False  # this request's last lookup proposal was accepted whole
+        self._table: AcceptanceByPosition | None = None  # what the last proposal's lookup tokens teach
         # Set by the caller before a request: it ends at a text stop (PolicyState.stop_length)
         self.stopped = False
 
@@ -154,9 +164,10 @@ class PlannedDrafter(Drafter):
         match = self.lookup.match(context, k) if self.lookup is not None else None
         offered = len(match.tokens[:k]) if match is not None else 0
         with self.state.lock:
+            self._table = self._lookup_table(match)
             plan = plan_pass(
                 offered,
-                self._lookup_table().rates(k),
+                self._table.rates(k),
                 self.state.model.rates(k) if self.model is not None else None,
                 self.state.costs,
                 g_max=k,
@@ -184,8 +195,8 @@ class PlannedDrafter(Drafter):
         n_lookup = verified.count(PromptLookupDrafter.name)
         n_model = len(verified) - n_lookup
         with self.state.lock:
-            if n_lookup:
-                self._lookup_table().observe(n_lookup, min(n_accepted, n_lookup))
+            if n_lookup and self._table is not None:
+                self._table.observe(n_lookup, min(n_accepted, n_lookup))
             if n_model and n_accepted >= n_lookup:  # the model's tokens were reached
                 self.state.model.observe(n_model, n_accepted - n_lookup)
         if n_lookup:
@@ -194,7 +205,10 @@ class PlannedDrafter(Drafter):
         if self.model is not None and n_model:
             self.model.observe(max(0, n_accepted - n_lookup), n_model)
 
-    def _lookup_table(self) -> AcceptanceByPosition:
+    def _lookup_table(self, match: LookupMatch | None) -> AcceptanceByPosition:
+        """The acceptance that prices this match: after a hit (copying), else by its length."""
+        if match is not None and match.n < 2:
+            return self.state.lookup_guess
         return self.state.lookup_hot if self._hot else self.state.lookup
 
     def proposal_probs(self) -> np.ndarray | None:

@@ -270,6 +270,39 @@ def test_lookup_after_a_whole_accepted_proposal_is_learned_apart() -> None:
     assert state.lookup_hot.reached[0] == 1  # after the miss: the first-match table again
 
 
+def _one_token_match(costs: PassCosts, **state: object) -> tuple[PlannedDrafter, PolicyState]:
+    """Lookup only; the suffix [5, 6, 7, 8] holds the context's last token 5 but not its last two."""
+    st = PolicyState(costs=costs, **state)  # type: ignore[arg-type]
+    return PlannedDrafter(PromptLookupDrafter(None, suffix=[5, 6, 7, 8]), None, st), st
+
+
+def test_a_one_token_match_is_learned_as_a_guess() -> None:
+    drafter, state = _one_token_match(CHEAP)
+    drafter.begin(SETTINGS)
+    got = drafter.propose([1, 2, 5], 4)
+    assert drafter.lookup is not None and drafter.lookup.last_match is not None
+    assert drafter.lookup.last_match.n == 1
+    assert got and got == [6, 7, 8][: len(got)]
+    drafter.observe(0, len(got))
+    assert state.lookup_guess.reached[0] == 1 and state.lookup_guess.accepted[0] == 0
+    assert not state.lookup.reached  # Not the table of longer matches
+    assert drafter.propose([1, 2, 5, 6, 7], 4) == [8]  # a two-token match: the other table
+    drafter.observe(1, 1)
+    assert state.lookup.accepted == [1.0] and sum(state.lookup_guess.reached) == 1.0
+
+
+def test_a_one_token_match_is_priced_by_its_own_table() -> None:
+    """A one-token match that is seldom right is not drafted where rows cost; a longer match is."""
+    guess = AcceptanceByPosition(prior=(0.1,), prior_weight=100.0)
+    cold = AcceptanceByPosition(prior=(0.9,), prior_weight=100.0)
+    steep = PassCosts(verify=(1.0, 1.3, 1.6, 1.9, 2.2), step=0.3, catchup=0.01)
+    drafter, state = _one_token_match(steep, lookup_guess=guess, lookup=cold)
+    drafter.begin(SETTINGS)
+    assert drafter.propose([1, 2, 5], 4) == []  # Not [6, ...]: priced as a longer match
+    assert drafter.propose([1, 2, 5, 6], 4) == [7, 8]
+    assert state.choices == {"plain": 1, "lookup": 1}
+
+
 def test_tokens_past_a_stop_teach_nothing() -> None:
     """The loop verified 1 of the proposal's tokens (the rest lay past a stop) and it was right."""
     drafter, state = _copying(CHEAP)
