@@ -25,8 +25,9 @@ class DrafterSettings:
     # Shortest context tail that may match. 1: a match of the last token alone is a guess, but a
     # target's one-token pass is padded to two rows anyway (``RuntimeSettings.even_passes``), so a
     # one-token guess rides free, and the policy prices such matches apart (``PolicyState.lookup_guess``).
-    # Qwen 1.5B/0.5B int8, 24 held-out points, scripts/policy_replay.py at run 21's costs: 64 tokens
-    # 1.87x -> 2.06x, short 1.09x -> 1.21x (bench/README.md "One-token lookup matches").
+    # Qwen 1.5B/0.5B int8 on a 2-core AVX2 CPU, the policy (bench/README.md "One-token lookup
+    # matches"): replay of 24 points estimated 64 tokens 1.87x -> 2.06x, short 1.09x -> 1.21x; measured
+    # (runs 21 -> 24, 2 threads) 19.31 -> 19.81 tok/s on 64 tokens, short 0.95x -> 1.27x plain.
     lookup_min_n: int = 1
     lookup_max_n: int = 4  # longest context tail tried first
     hybrid_min_match: int = 3  # the hybrid uses a lookup proposal only when its match is this long
