@@ -250,13 +250,10 @@ def graph_logits(graph: Path, spec: ModelSpec, threads: int) -> LogitsFn:
     ``spec`` (no ``specls.json`` needed: the reference graph of an export before it is finished; a
     reduced head's ids file must lie next to the graph, see ``models.head``)."""
     import onnxruntime as ort
+    from specls.models import runtime
 
     head_ids = load_head_ids(graph.parent, spec)
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = max(0, threads)
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
+    so = runtime.session_options(runtime.RuntimeSettings(threads=threads))  # what serving runs with
     sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
     np_dtype = np.float16 if spec.dtype == "fp16" else np.float32
     empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=np_dtype)

@@ -77,7 +77,8 @@ class RuntimeSettings:
     even_passes: bool = True
 
 
-def _session_options(settings: RuntimeSettings) -> Any:
+def session_options(settings: RuntimeSettings) -> Any:
+    """ONNX Runtime session options for ``settings`` (threads, spinning), for every session we create."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -98,7 +99,7 @@ def _create_session(onnx_path: Path, settings: RuntimeSettings) -> tuple[Any, st
 
     if settings.provider not in PROVIDERS:
         raise ModelLoadError(f"provider must be one of {PROVIDERS}, not {settings.provider!r}")
-    so = _session_options(settings)
+    so = session_options(settings)
     want_cuda = settings.provider in ("auto", "cuda")
     have_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
     if settings.provider == "cuda" and not have_cuda:

@@ -243,9 +243,9 @@ def test_logits_do_not_depend_on_how_the_tokens_are_split_into_passes(
 def test_threads_spin_within_a_run_and_stop_after_it(spinning: bool) -> None:
     """Spinning (the default) is on between a run's ops and forced off at the run's end: an idle
     server or the other model's session has no thread spinning."""
-    from specls.models.runtime import _session_options
+    from specls.models.runtime import session_options
 
-    so = _session_options(RuntimeSettings(threads=2, spinning=spinning))
+    so = session_options(RuntimeSettings(threads=2, spinning=spinning))
     flag = "1" if spinning else "0"
     assert so.get_session_config_entry("session.intra_op.allow_spinning") == flag
     assert so.get_session_config_entry("session.force_spinning_stop") == flag
