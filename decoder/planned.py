@@ -43,8 +43,8 @@ class PolicyState:
     lookup_hot: AcceptanceByPosition = field(
         default_factory=lambda: AcceptanceByPosition(prior=(0.9, 0.85, 0.8))
     )
-    # Lookup on a match of the context's last token alone (``DrafterSettings.lookup_min_n`` 1), not
-    # after a hit: a guess, right far less often than a longer match, kept apart so that it neither
+    # Lookup on a match of the context's last token alone (``DrafterSettings.lookup_min_n`` 1), after
+    # a hit too: a guess, right far less often than a longer match, kept apart so that it neither
     # shortens the longer matches' proposals nor is trusted like them. It pays where a CPU verifies
     # a few extra rows at about no cost (bench/README.md "One-token lookup matches"). Prior 0.3.
     lookup_guess: AcceptanceByPosition = field(
@@ -206,7 +206,7 @@ class PlannedDrafter(Drafter):
             self.model.observe(max(0, n_accepted - n_lookup), n_model)
 
     def _lookup_table(self, match: LookupMatch | None) -> AcceptanceByPosition:
-        """The acceptance that prices this match: after a hit (copying), else by its length."""
+        """The acceptance that prices this match: a one-token match's own, else after a hit or not."""
         if match is not None and match.n < 2:
             return self.state.lookup_guess
         return self.state.lookup_hot if self._hot else self.state.lookup
