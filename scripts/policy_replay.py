@@ -258,6 +258,7 @@ def replay(args: argparse.Namespace) -> int:
         budget=prompt_facts.budget,
         start_ids=prompt_facts.start_ids,
         policy=PolicyState(costs=costs),
+        lookup_policy=PolicyState(costs=costs),
     )
     base = EngineSettings(model=data["options"]["model"], lru_size=0, completion_reuse=False)
     base = _with(base, args.set)

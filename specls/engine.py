@@ -77,9 +77,10 @@ class EngineSettings:
     draft_model: bool = True  # draft with the draft model
     lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
     speculation: bool = True  # False = plain greedy reference path (no drafter at all)
-    # with both drafters, plan every pass by measured costs and acceptance (decoder/planned.py:
-    # lookup / draft model / both / none); False = the fixed hybrid rule (HybridDrafter). Measured on
-    # the int4 Qwen 1.5B/0.5B pair: 1.72x plain on 64 tokens where the fixed rule gave 1.05x.
+    # with lookup on, plan every pass by measured costs and acceptance (decoder/planned.py: lookup /
+    # draft model / both / none; lookup or none without a draft model); False = the fixed hybrid rule
+    # (HybridDrafter), or lookup on the loop's adaptive gamma. Measured on the int4 Qwen 1.5B/0.5B
+    # pair: 1.72x plain on 64 tokens where the fixed rule gave 1.05x.
     drafting_policy: bool = True
     completion_reuse: bool = True
     # typing the beginning of the last finished suggestion answers its rest with zero model calls: the
@@ -124,6 +125,9 @@ class LoadedModels:
     start_ids: tuple[int, ...] = ()
     # what the drafting policy learned about this pair (pass costs calibrated at load, acceptance)
     policy: PolicyState = field(default_factory=PolicyState)
+    # the same for prompt lookup alone (no draft model, or ``draft_model`` off): its own learning, so
+    # that engines of one load with and without the draft model teach each other nothing
+    lookup_policy: PolicyState = field(default_factory=PolicyState)
 
 
 @dataclass
@@ -132,7 +136,7 @@ class _DocState:
     tokens: list[int] = field(default_factory=list)  # what ``cache`` holds
     draft_drafter: DraftModelDrafter | None = None  # keeps its own draft KV cache across requests
     lookup_drafter: PromptLookupDrafter | None = None  # keeps its context n-gram index
-    planned_drafter: PlannedDrafter | None = None  # the policy over those two
+    planned_drafter: PlannedDrafter | None = None  # the policy over those (lookup alone or both)
     last: PreviousCompletion | None = None  # for completion reuse and type-ahead
 
 
@@ -212,9 +216,10 @@ class OnnxEngine:
             budget=prompt.budget,
             start_ids=prompt.start_ids,
         )
-        if s.speculation and s.drafting_policy and draft is not None:
+        if s.speculation and s.drafting_policy and (draft is not None or s.lookup):
             say("measuring pass costs", 0.9)
             models.policy.costs = calibrate(target, draft, time.perf_counter)
+            models.lookup_policy.costs = models.policy.costs  # (lookup alone: no draft step)
         self._init_parts(models)
         self._models = models
         say("ready", 1.0)
@@ -544,9 +549,10 @@ class OnnxEngine:
                 state.draft_drafter = DraftModelDrafter(models.draft, s.drafters)
             model = state.draft_drafter
         inner: Drafter | None
-        if lookup is not None and model is not None and s.drafting_policy:
+        if lookup is not None and s.drafting_policy:
             if state.planned_drafter is None:
-                state.planned_drafter = PlannedDrafter(lookup, model, models.policy)
+                policy = models.policy if model is not None else models.lookup_policy
+                state.planned_drafter = PlannedDrafter(lookup, model, policy)
             state.planned_drafter.end()  # the previous request learns under its own class
             state.planned_drafter.stopped = request.stop is not None or request.early_stop is not None
             inner = state.planned_drafter
@@ -587,13 +593,20 @@ class OnnxEngine:
             "kv_tokens": kv_tokens,
             "provider": self._models.provider if self._models is not None else None,
             "ready": self._models is not None,
-            "drafting_policy": self._models.policy.snapshot() if self._models is not None else None,
+            "drafting_policy": self._policy_state().snapshot() if self._models is not None else None,
             "batching": (
                 self._batching.snapshot()
                 if self._batching is not None
                 else {"enabled": False, "max_batch": self.settings.batching.max_batch}
             ),
         }
+
+    def _policy_state(self) -> PolicyState:
+        """The drafting policy this engine's requests plan with (``LoadedModels.lookup_policy`` for
+        lookup alone)."""
+        assert self._models is not None
+        with_model = self.settings.draft_model and self._models.draft is not None
+        return self._models.policy if with_model else self._models.lookup_policy
 
     def reset_stats(self) -> None:
         self._counters.reset()

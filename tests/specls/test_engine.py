@@ -558,6 +558,28 @@ def test_the_drafting_policy_is_offered_gamma_max_every_pass(monkeypatch: pytest
     assert fixed._decode_settings(40, reuse=False, cap=None).gamma == 3  # the fixed rule keeps its gamma
 
 
+def test_lookup_alone_is_planned_by_a_policy_state_of_its_own() -> None:
+    """Without the draft model the policy plans lookup (lookup or nothing each pass) and learns in
+    ``lookup_policy``; an engine of the same load with the draft model learns apart from it."""
+    models = fake_models()
+    lookup = OnnxEngine(EngineSettings(draft_model=False), models)
+    lookup.update_document("file:///w/a.py", SOURCE)
+    for pos in POINTS:
+        lookup.complete(request(pos, max_tokens=40, doc=f"file:///w/{pos}.py"))
+        assert lookup.last_tokens == reference(models, lookup, 40)
+    choices = dict(models.lookup_policy.choices)
+    assert sum(choices.values()) > 0  # Not {}: lookup on the loop's adaptive gamma
+    assert set(choices) <= {"plain", "lookup"}
+    assert lookup.stats()["drafting_policy"] == models.lookup_policy.snapshot()
+    assert models.policy.choices == {} and not models.policy.lookup.reached  # the pair's policy: untouched
+    both = lookup.with_settings(EngineSettings())
+    both.update_document("file:///w/b.py", SOURCE)
+    both.complete(request(POINTS[0], max_tokens=40, doc="file:///w/b.py"))
+    assert sum(models.policy.choices.values()) > 0
+    assert both.stats()["drafting_policy"] == models.policy.snapshot()
+    assert dict(models.lookup_policy.choices) == choices  # Not more: the pair's requests teach it nothing
+
+
 def test_the_drafting_policy_plans_both_drafters_and_learns_across_requests() -> None:
     models = fake_models()
     engine = OnnxEngine(EngineSettings(), models)
