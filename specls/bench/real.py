@@ -759,9 +759,13 @@ def run_bench(opt: RealBenchOptions) -> int:
         "total e2e time); ttft = time to the first token (median); tok/s after 1st = the tokens after the "
         "pass that gave the first one over the time after it (llama.cpp's predicted_ms counts from there)"
     )
-    policy = hybrid.stats()["drafting_policy"]  # the costs it planned by and what it chose
+    # the costs each planned by and what each chose (lookup alone learns in a state of its own)
+    policy = hybrid.stats()["drafting_policy"]
+    lookup_policy = engines["lookup"].stats()["drafting_policy"] if "lookup" in engines else None
     if "hybrid" in engines:
         print(f"drafting policy (hybrid): {json.dumps(policy)}")
+    if lookup_policy is not None:
+        print(f"drafting policy (lookup): {json.dumps(lookup_policy)}")
     for task, cells in results.items():
         for m in methods:
             for d in cells[m].first_divergence:
@@ -782,6 +786,7 @@ def run_bench(opt: RealBenchOptions) -> int:
                 for t, cells in results.items()
             },
             "drafting_policy": policy,
+            "lookup_policy": lookup_policy,
             "divergences": {
                 t: {m: c.first_divergence for m, c in cells.items() if c.first_divergence}
                 for t, cells in results.items()

@@ -526,9 +526,12 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
     policy = data["drafting_policy"]  # the costs the hybrid planned by, calibrated at load
     assert policy["verify_cost"][0] == 1.0 and policy["draft_step_cost"] > 0
     assert sum(policy["choices"].values()) > 0  # the hybrid's passes were planned
+    alone = data["lookup_policy"]  # lookup alone: planned too, learned apart
+    assert sum(alone["choices"].values()) > 0 and set(alone["choices"]) <= {"plain", "lookup"}
+    assert alone["verify_cost"] == policy["verify_cost"]  # one calibration
     table = capsys.readouterr().out
     assert "llama-ngram" in table and "hybrid" in table
-    assert "drafting policy (hybrid): {" in table
+    assert "drafting policy (hybrid): {" in table and "drafting policy (lookup): {" in table
 
 
 def _short_run(
