@@ -219,7 +219,7 @@ class OnnxEngine:
         if s.speculation and s.drafting_policy and (draft is not None or s.lookup):
             say("measuring pass costs", 0.9)
             models.policy.costs = calibrate(target, draft, time.perf_counter)
-            models.lookup_policy.costs = models.policy.costs  # (lookup alone: no draft step)
+            models.lookup_policy.costs = models.policy.costs  # lookup alone plans by the verify costs
         self._init_parts(models)
         self._models = models
         say("ready", 1.0)
