@@ -551,8 +551,7 @@ class OnnxEngine:
         inner: Drafter | None
         if lookup is not None and s.drafting_policy:
             if state.planned_drafter is None:
-                policy = models.policy if model is not None else models.lookup_policy
-                state.planned_drafter = PlannedDrafter(lookup, model, policy)
+                state.planned_drafter = PlannedDrafter(lookup, model, self._policy_state(models))
             state.planned_drafter.end()  # the previous request learns under its own class
             state.planned_drafter.stopped = request.stop is not None or request.early_stop is not None
             inner = state.planned_drafter
@@ -586,6 +585,7 @@ class OnnxEngine:
         with self._lock:
             documents = len(self._docs)
             kv_tokens = sum(d.cache.length for d in self._docs.values() if d.cache is not None)
+        models = self._models
         return {
             **self._counters.snapshot(),
             "documents": documents,
@@ -593,7 +593,7 @@ class OnnxEngine:
             "kv_tokens": kv_tokens,
             "provider": self._models.provider if self._models is not None else None,
             "ready": self._models is not None,
-            "drafting_policy": self._policy_state().snapshot() if self._models is not None else None,
+            "drafting_policy": None if models is None else self._policy_state(models).snapshot(),
             "batching": (
                 self._batching.snapshot()
                 if self._batching is not None
@@ -601,12 +601,11 @@ class OnnxEngine:
             ),
         }
 
-    def _policy_state(self) -> PolicyState:
+    def _policy_state(self, models: LoadedModels) -> PolicyState:
         """The drafting policy this engine's requests plan with (``LoadedModels.lookup_policy`` for
-        lookup alone)."""
-        assert self._models is not None
-        with_model = self.settings.draft_model and self._models.draft is not None
-        return self._models.policy if with_model else self._models.lookup_policy
+        lookup alone: ``_drafter`` uses the draft model exactly when this says so)."""
+        with_model = self.settings.draft_model and models.draft is not None
+        return models.policy if with_model else models.lookup_policy
 
     def reset_stats(self) -> None:
         self._counters.reset()
