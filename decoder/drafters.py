@@ -30,6 +30,12 @@ class DrafterSettings:
     # (runs 21 -> 24, 2 threads) 19.31 -> 19.81 tok/s on 64 tokens, short 0.95x -> 1.27x plain.
     lookup_min_n: int = 1
     lookup_max_n: int = 4  # longest context tail tried first
+    # Without the drafting policy (which prices a guess in a table of its own), a one-token match
+    # proposes at most this many tokens: the first rides the pad row free, the rest cost rows and
+    # are right less often than not (bench/README.md "One-token lookup matches": 41% at the first
+    # token). Replay of 24 points with `drafting_policy` off, 1 vs unlimited: 64 tokens 1.65x ->
+    # 1.69x, short 1.03x -> 1.10x (the policy: 1.72x, 1.11x).
+    lookup_guess_tokens: int = 1
     hybrid_min_match: int = 3  # the hybrid uses a lookup proposal only when its match is this long
     hybrid_extend: bool = True  # extend a lookup proposal shorter than k with the draft model
     hybrid_extend_min: int = 2  # ... when at least this many tokens are left to draft
@@ -60,6 +66,17 @@ def draft_view_start(n: int, window: int) -> int:
         return 0
     stride = max(1, window // 2)
     return -(-(n - window) // stride) * stride
+
+
+def unplanned_proposal(match: LookupMatch | None, k: int, settings: DrafterSettings) -> list[int]:
+    """What a lookup match proposes when no policy plans it: up to ``k`` of its tokens, a guess (a
+    one-token match) at most ``settings.lookup_guess_tokens``.
+
+    Example, k = 4 and ``lookup_guess_tokens`` 1: a 3-token match continuing [7, 8, 9, 5] proposes
+    [7, 8, 9, 5]; a one-token match with the same continuation proposes [7]."""
+    if match is None:
+        return []
+    return list(match.tokens[: min(k, settings.lookup_guess_tokens) if match.guess else k])
 
 
 class PromptLookupDrafter(Drafter):
@@ -110,7 +127,7 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         m = self.match(context, k) if k > 0 and context else None
-        tokens = list(m.tokens[:k]) if m is not None else []
+        tokens = unplanned_proposal(m, k, self.settings)
         self._n = len(tokens)
         return tokens
 
@@ -262,7 +279,7 @@ class HybridDrafter(Drafter):
         if self.lookup is not None:
             m = self.lookup.match(context, k)
             if m is not None and (m.n >= s.hybrid_min_match or self.model is None):
-                tokens = list(m.tokens[:k])
+                tokens = unplanned_proposal(m, k, s)
         n_lookup = len(tokens)
         model_q: np.ndarray | None = None
         if self.model is not None:

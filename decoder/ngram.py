@@ -48,6 +48,11 @@ class LookupMatch:
     position: int
     tokens: list[int]
 
+    @property
+    def guess(self) -> bool:
+        """A match of the context's last token alone: right far less often than a longer one."""
+        return self.n < 2
+
 
 def _grams(tokens: list[int], n: int, start: int) -> list[tuple[int, ...]]:
     """The n-grams tokens[p - n : p] for p = start .. len(tokens) (start >= n)."""

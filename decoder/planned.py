@@ -207,7 +207,7 @@ class PlannedDrafter(Drafter):
 
     def _lookup_table(self, match: LookupMatch | None) -> AcceptanceByPosition:
         """The acceptance that prices this match: a one-token match's own, else after a hit or not."""
-        if match is not None and match.n < 2:
+        if match is not None and match.guess:
             return self.state.lookup_guess
         return self.state.lookup_hot if self._hot else self.state.lookup
 

@@ -11,8 +11,9 @@ from specls.decoder.drafters import (
     HybridDrafter,
     PromptLookupDrafter,
     draft_view_start,
+    unplanned_proposal,
 )
-from specls.decoder.ngram import NgramIndex
+from specls.decoder.ngram import LookupMatch, NgramIndex
 from specls.decoder.testing import FakeLM, FakeLMConfig
 
 LM = FakeLM(FakeLMConfig(vocab=32, window=2, seed=4))
@@ -40,10 +41,40 @@ def test_lookup_prefers_the_current_sequence_then_suffix_then_documents() -> Non
 def test_lookup_respects_min_n() -> None:
     index = NgramIndex(min_n=1, max_n=4)
     index.update("d", [5, 6, 7])
-    loose = PromptLookupDrafter(index, DrafterSettings(lookup_min_n=1))
-    strict = PromptLookupDrafter(index, DrafterSettings(lookup_min_n=2))
+    loose = PromptLookupDrafter(index, DrafterSettings(lookup_min_n=1, lookup_guess_tokens=2))
+    strict = PromptLookupDrafter(index, DrafterSettings(lookup_min_n=2, lookup_guess_tokens=2))
     assert loose.propose([0, 5], 2) == [6, 7]
     assert strict.propose([0, 5], 2) == []  # a 1-token match is below min_n. Not [6, 7]
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "guess_tokens", "want"),
+    [
+        (3, 4, 1, [7, 8, 9, 5]),  # a longer match proposes what k allows
+        (2, 2, 1, [7, 8]),
+        (1, 4, 1, [7]),  # a guess proposes one token. Not [7, 8, 9, 5]
+        (1, 4, 2, [7, 8]),
+        (1, 1, 3, [7]),  # k still bounds it
+        (1, 0, 1, []),
+    ],
+)
+def test_unplanned_proposal_caps_a_guess(n: int, k: int, guess_tokens: int, want: list[int]) -> None:
+    match = LookupMatch("docs", "d", n, 3, [7, 8, 9, 5])
+    assert match.guess == (n == 1)
+    assert unplanned_proposal(match, k, DrafterSettings(lookup_guess_tokens=guess_tokens)) == want
+    assert unplanned_proposal(None, k, DrafterSettings()) == []
+
+
+def test_lookup_without_a_policy_proposes_one_token_on_a_one_token_match() -> None:
+    index = NgramIndex(min_n=1, max_n=4)
+    index.update("d", [5, 6, 7, 8])
+    lookup = PromptLookupDrafter(index)  # the defaults: lookup_min_n 1, lookup_guess_tokens 1
+    assert lookup.propose([0, 5], 3) == [6]  # Not [6, 7, 8]
+    assert list(lookup.proposal_sources()) == ["lookup"]
+    assert lookup.propose([0, 5, 6], 3) == [7, 8]  # a 2-token match is not a guess
+    alone = HybridDrafter(lookup, None)  # the hybrid without a draft model: the same rule
+    assert alone.propose([0, 5], 3) == [6]
+    assert alone.propose([0, 5, 6], 3) == [7, 8]
 
 
 def test_draft_model_proposes_its_greedy_continuation_and_syncs_by_prefix() -> None:
