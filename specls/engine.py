@@ -591,8 +591,8 @@ class OnnxEngine:
             "documents": documents,
             "indexed_documents": len(self._buffers) if self._buffers is not None else 0,
             "kv_tokens": kv_tokens,
-            "provider": self._models.provider if self._models is not None else None,
-            "ready": self._models is not None,
+            "provider": None if models is None else models.provider,
+            "ready": models is not None,
             "drafting_policy": None if models is None else self._policy_state(models).snapshot(),
             "batching": (
                 self._batching.snapshot()
