@@ -49,7 +49,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -530,6 +530,62 @@ def ratios(
     return out
 
 
+@dataclass(frozen=True)
+class VersusLlama:
+    """A specls method's tokens/s over llama.cpp's best configuration (the llama method with the most)
+    for each figure, and which configuration that was."""
+
+    decode_x: float | None
+    decode_best: str | None
+    after_first_x: float | None
+    after_first_best: str | None
+
+
+def against_llama(nums: dict[str, dict[str, float | None]], method: str = "hybrid") -> VersusLlama | None:
+    """``method`` (specls's default speculation) against llama.cpp's best configuration, chosen per
+    figure among the llama methods that ran: decode tokens/s and tokens/s after the first token (the
+    like-for-like one on short completions). None when either side is missing.
+
+    >>> nums = {"hybrid": {"decode_tok_s": 30.0, "after_first_tok_s": 33.0},
+    ...         "llama-plain": {"decode_tok_s": 20.0, "after_first_tok_s": 22.0},
+    ...         "llama-ngram": {"decode_tok_s": 24.0, "after_first_tok_s": 20.0}}
+    >>> against_llama(nums)  # Not 1.5 for decode: llama-ngram is llama.cpp's best there
+    VersusLlama(decode_x=1.25, decode_best='llama-ngram', after_first_x=1.5, after_first_best='llama-plain')
+    """
+    ours = nums.get(method)
+    rivals = [m for m in LLAMA if m in nums]
+    if ours is None or not rivals:
+        return None
+
+    def versus(key: str) -> tuple[float | None, str | None]:
+        have = [m for m in rivals if nums[m].get(key)]
+        if not have:
+            return None, None
+        best = max(have, key=lambda m: nums[m][key] or 0.0)
+        mine, theirs = ours.get(key), nums[best][key]
+        return (mine / theirs if mine and theirs else None), best
+
+    return VersusLlama(*versus("decode_tok_s"), *versus("after_first_tok_s"))
+
+
+def render_against_llama(results: dict[str, dict[str, Cell]], method: str = "hybrid") -> list[str]:
+    """One line per task class: ``method`` over specls plain and over llama.cpp's best."""
+    lines = []
+    for task, cells in results.items():
+        nums = {m: summarize(c) for m, c in cells.items()}
+        vs = against_llama(nums, method)
+        if vs is None:
+            continue
+        own = ratios(nums).get(method, {})
+        lines.append(
+            f"{task}: specls {method} {_f(nums[method]['decode_tok_s'], '.2f')} tok/s decode = "
+            f"{_f(own.get('decode_x'), '.2f', 'x')} specls plain, {_f(vs.decode_x, '.2f', 'x')} "
+            f"llama.cpp's best ({vs.decode_best}); after the first token "
+            f"{_f(vs.after_first_x, '.2f', 'x')} llama.cpp's best ({vs.after_first_best})"
+        )
+    return lines
+
+
 def _f(x: float | None, spec: str, suffix: str = "") -> str:
     return "-" if x is None else format(x, spec) + suffix
 
@@ -759,6 +815,8 @@ def run_bench(opt: RealBenchOptions) -> int:
         "total e2e time); ttft = time to the first token (median); tok/s after 1st = the tokens after the "
         "pass that gave the first one over the time after it (llama.cpp's predicted_ms counts from there)"
     )
+    for line in render_against_llama(results):
+        print(line)
     # the costs each planned by and what each chose (lookup alone learns in a state of its own)
     policy = hybrid.stats()["drafting_policy"]
     lookup_policy = engines["lookup"].stats()["drafting_policy"] if "lookup" in engines else None
@@ -783,6 +841,10 @@ def run_bench(opt: RealBenchOptions) -> int:
                     m: {**summarize(c), **ratios({"plain": summarize(cells["plain"]), m: summarize(c)})[m]}
                     for m, c in cells.items()
                 }
+                for t, cells in results.items()
+            },
+            "against_llama": {
+                t: asdict(vs) if (vs := against_llama({m: summarize(c) for m, c in cells.items()})) else None
                 for t, cells in results.items()
             },
             "drafting_policy": policy,

@@ -22,6 +22,7 @@ from specls.bench.real import (
     LlamaError,
     LlamaServer,
     Run,
+    against_llama,
     cut_at_newline,
     end_of_line,
     find_llama_server,
@@ -29,6 +30,7 @@ from specls.bench.real import (
     parse_completion,
     ratios,
     record,
+    render_against_llama,
     render_table,
     summarize,
 )
@@ -416,6 +418,58 @@ def test_after_the_first_token_compares_llama_and_specls_like_for_like() -> None
     assert summarize(cell)["after_first_tok_s"] == pytest.approx(10.0)  # 1 token in 100 ms. Not 30
 
 
+@pytest.mark.parametrize(
+    ("llama", "want"),
+    [
+        # llama-ngram is llama.cpp's best for decode, llama-plain after the first token: each figure
+        # against its own best. Not 1.5x for decode (against llama-plain)
+        (
+            {"llama-plain": (20.0, 22.0), "llama-ngram": (24.0, 20.0)},
+            {
+                "decode_x": 1.25,
+                "decode_best": "llama-ngram",
+                "after_first_x": 1.5,
+                "after_first_best": "llama-plain",
+            },
+        ),
+        # a llama method without a figure is not a rival for it; llama-draft's 40 tok/s wins decode
+        (
+            {"llama-plain": (20.0, None), "llama-draft": (40.0, 30.0)},
+            {
+                "decode_x": 0.75,
+                "decode_best": "llama-draft",
+                "after_first_x": 1.1,
+                "after_first_best": "llama-draft",
+            },
+        ),
+        # no llama method has an after-first figure: None, not a division by zero
+        (
+            {"llama-plain": (15.0, None)},
+            {"decode_x": 2.0, "decode_best": "llama-plain", "after_first_x": None, "after_first_best": None},
+        ),
+    ],
+)
+def test_against_llama_takes_llama_cpps_best_per_figure(
+    llama: dict[str, tuple[float | None, float | None]], want: dict[str, object]
+) -> None:
+    nums: dict[str, dict[str, float | None]] = {
+        "plain": {"decode_tok_s": 10.0, "after_first_tok_s": 11.0},
+        "hybrid": {"decode_tok_s": 30.0, "after_first_tok_s": 33.0},
+    }
+    nums |= {m: {"decode_tok_s": d, "after_first_tok_s": a} for m, (d, a) in llama.items()}
+    got = against_llama(nums)
+    assert got is not None
+    for key, value in want.items():
+        assert getattr(got, key) == (pytest.approx(value) if isinstance(value, float) else value), key
+
+
+def test_against_llama_needs_both_sides() -> None:
+    plain: dict[str, float | None] = {"decode_tok_s": 10.0, "after_first_tok_s": 10.0}
+    assert against_llama({"plain": plain, "hybrid": plain}) is None  # no llama method ran
+    assert against_llama({"plain": plain, "llama-plain": plain}) is None  # no hybrid
+    assert against_llama({"plain": plain, "lookup": plain, "llama-plain": plain}, "lookup") is not None
+
+
 def _fake_results() -> dict[str, dict[str, Cell]]:
     results: dict[str, dict[str, Cell]] = {}
     for task, scale in (("64", 1.0), ("short", 0.25)):
@@ -448,6 +502,17 @@ def test_render_table_rows_ratios_and_identical() -> None:
     md = render_table(_fake_results(), methods, markdown=True)
     assert md.splitlines()[0].startswith("| task | method |") and md.splitlines()[1].startswith("|---")
     assert "| 64 | hybrid | 4.00 | 32.00 |" in md
+
+
+def test_render_against_llama_has_a_line_per_task_class() -> None:
+    lines = render_against_llama(_fake_results())
+    assert [line.split(":")[0] for line in lines] == ["64", "short"]
+    # hybrid 32 tok/s: 4x its plain's 8, 3.2x llama-ngram's 10 (llama.cpp's best). Not 4x llama-plain's 8
+    assert (
+        "specls hybrid 32.00 tok/s decode = 4.00x specls plain, 3.20x llama.cpp's best (llama-ngram)"
+        in lines[0]
+    )
+    assert render_against_llama({"64": {"plain": Cell(), "hybrid": Cell()}}) == []  # no llama.cpp: no line
 
 
 def test_bench_real_is_registered() -> None:
@@ -529,8 +594,16 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
     alone = data["lookup_policy"]  # lookup alone: planned too, learned apart
     assert sum(alone["choices"].values()) > 0 and set(alone["choices"]) <= {"plain", "lookup"}
     assert alone["verify_cost"] == policy["verify_cost"]  # one calibration
+    for task in ("64", "short"):  # the hybrid against llama.cpp's best, from the same run's figures
+        vs, llama_best = data["against_llama"][task], data["results"][task]
+        best = max(real.LLAMA, key=lambda m: llama_best[m]["decode_tok_s"] or 0.0)
+        assert vs["decode_best"] == best
+        assert vs["decode_x"] == pytest.approx(
+            llama_best["hybrid"]["decode_tok_s"] / llama_best[best]["decode_tok_s"]
+        )
     table = capsys.readouterr().out
     assert "llama-ngram" in table and "hybrid" in table
+    assert "64: specls hybrid " in table and "llama.cpp's best (" in table
     assert "drafting policy (hybrid): {" in table and "drafting policy (lookup): {" in table
 
 
