@@ -595,11 +595,11 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
     assert sum(alone["choices"].values()) > 0 and set(alone["choices"]) <= {"plain", "lookup"}
     assert alone["verify_cost"] == policy["verify_cost"]  # one calibration
     for task in ("64", "short"):  # the hybrid against llama.cpp's best, from the same run's figures
-        vs, llama_best = data["against_llama"][task], data["results"][task]
-        best = max(real.LLAMA, key=lambda m: llama_best[m]["decode_tok_s"] or 0.0)
+        vs, figures = data["against_llama"][task], data["results"][task]
+        best = max(real.LLAMA, key=lambda m: figures[m]["decode_tok_s"] or 0.0)
         assert vs["decode_best"] == best
         assert vs["decode_x"] == pytest.approx(
-            llama_best["hybrid"]["decode_tok_s"] / llama_best[best]["decode_tok_s"]
+            figures["hybrid"]["decode_tok_s"] / figures[best]["decode_tok_s"]
         )
     table = capsys.readouterr().out
     assert "llama-ngram" in table and "hybrid" in table
