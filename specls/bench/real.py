@@ -568,11 +568,13 @@ def against_llama(nums: dict[str, dict[str, float | None]], method: str = "hybri
     return VersusLlama(*versus("decode_tok_s"), *versus("after_first_tok_s"))
 
 
-def render_against_llama(results: dict[str, dict[str, Cell]], method: str = "hybrid") -> list[str]:
-    """One line per task class: ``method`` over specls plain and over llama.cpp's best."""
+def render_against_llama(
+    summaries: dict[str, dict[str, dict[str, float | None]]], method: str = "hybrid"
+) -> list[str]:
+    """One line per task class of ``summaries`` (``summarize`` of each method's cell): ``method`` over
+    specls plain and over llama.cpp's best."""
     lines = []
-    for task, cells in results.items():
-        nums = {m: summarize(c) for m, c in cells.items()}
+    for task, nums in summaries.items():
         vs = against_llama(nums, method)
         if vs is None:
             continue
@@ -815,7 +817,8 @@ def run_bench(opt: RealBenchOptions) -> int:
         "total e2e time); ttft = time to the first token (median); tok/s after 1st = the tokens after the "
         "pass that gave the first one over the time after it (llama.cpp's predicted_ms counts from there)"
     )
-    for line in render_against_llama(results):
+    summaries = {t: {m: summarize(c) for m, c in cells.items()} for t, cells in results.items()}
+    for line in render_against_llama(summaries):
         print(line)
     # the costs each planned by and what each chose (lookup alone learns in a state of its own)
     policy = hybrid.stats()["drafting_policy"]
@@ -844,8 +847,8 @@ def run_bench(opt: RealBenchOptions) -> int:
                 for t, cells in results.items()
             },
             "against_llama": {
-                t: asdict(vs) if (vs := against_llama({m: summarize(c) for m, c in cells.items()})) else None
-                for t, cells in results.items()
+                t: asdict(vs) if (vs := against_llama(nums)) is not None else None
+                for t, nums in summaries.items()
             },
             "drafting_policy": policy,
             "lookup_policy": lookup_policy,
