@@ -269,7 +269,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="in a multi-line context wait for the whole block (default: the first line first)",
     )
-    serve.add_argument("--threads", type=int, metavar="N", help="onnxruntime intra-op threads")
+    serve.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="onnxruntime intra-op threads (default 0: the CPUs less one, 1 to 4)",
+    )
     serve.add_argument("--max-tokens", type=int, metavar="N", help="tokens per completion (default 64)")
     from specls.team.cli import add_engine_arguments, add_team_arguments
 

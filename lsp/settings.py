@@ -33,8 +33,8 @@ class ServerSettings:
     # typing into a suggestion shows its rest at once (off: each keystroke is decoded again, exact for it)
     type_ahead: bool = True
     gamma: int = 5  # initial draft length
-    # onnxruntime intra-op threads; 0 = unset: the engine's default, 1 (on an idle 2-core CPU 2 threads
-    # decode the int8 1.5B 1.3-1.5x faster: bench/README.md runs 19-23; on a busy one they compete)
+    # onnxruntime intra-op threads; 0 = unset: the engine's default, auto (the CPUs less one, 1 to 4:
+    # specls.models.runtime.auto_threads; an idle 2-core CPU decodes 1.69x faster with 2)
     threads: int = 0
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)

@@ -77,6 +77,31 @@ class RuntimeSettings:
     even_passes: bool = True
 
 
+def auto_threads(cpus: int | None = None) -> int:
+    """The intra-op threads that ``threads = 0`` ("auto") means in the engine: the CPUs this process
+    may run on less one, at least 1 and at most 4. ``cpus``: that CPU count (default: the process's
+    affinity mask, which a container or ``taskset`` narrows; ``os.cpu_count()`` where there is none).
+
+    One CPU is left to the editor and its other language servers, which work on every keystroke too.
+    A pass waits for its slowest thread: on the 2-core Zen 4 host, with one core kept busy by another
+    process, the int8 Qwen 1.5B's one-token pass took 189-209 ms at 2 threads against 131-145 ms at 1
+    (idle: 93-95 vs 144-156; bench/README.md "Threads beside a busy process"). Where nothing else runs
+    ``threads`` 2 on 2 cores is the faster choice (decode 1.69x, runs 27 and 29). The cap: a decoding
+    pass is bound by memory bandwidth, which a few cores already use up.
+
+    >>> [auto_threads(n) for n in (1, 2, 3, 4, 8, 64)]   # Not 2 at 2: one CPU stays free
+    [1, 1, 2, 3, 4, 4]
+    """
+    if cpus is None:
+        import os
+
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus - 1))
+
+
 def session_options(settings: RuntimeSettings) -> Any:
     """ONNX Runtime session options for ``settings`` (threads, spinning), for every session we create."""
     import onnxruntime as ort

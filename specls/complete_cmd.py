@@ -69,16 +69,12 @@ def register(sub: Any) -> None:
     p.add_argument("--gamma", type=int, default=None, help="initial draft length")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: cores, max 4)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="ORT intra-op threads (default: the CPUs less one, 1 to 4)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--stats", action="store_true", help="speculation summary on stderr")
     p.set_defaults(func=run)
-
-
-def default_threads() -> int:
-    import os
-
-    return max(1, min(4, os.cpu_count() or 1))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     except PositionError as exc:
         _err(f"{path}: {exc}")
         return 2
-    if args.max_tokens < 0 or (args.threads is not None and args.threads < 1) or args.temperature < 0:
+    if args.max_tokens < 0 or (args.threads is not None and args.threads < 0) or args.temperature < 0:
         _err("--max-tokens, --threads and --temperature must not be negative")
         return 2
     base = EngineSettings()
@@ -108,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         lookup=not args.no_lookup,
         speculation=not args.no_speculation,
         gamma=args.gamma if args.gamma is not None else base.gamma,
-        threads=args.threads or default_threads(),
+        threads=args.threads or 0,  # 0: auto
         temperature=args.temperature,
         seed=args.seed,
     )

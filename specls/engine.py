@@ -92,7 +92,7 @@ class EngineSettings:
     gamma_max: int = 12
     adaptive_gamma: bool = True
     min_speedup: float = 0.0  # the loop's "speculation pays" check (DecodeSettings.min_speedup; 0 = off)
-    threads: int = 1
+    threads: int = 0  # onnxruntime intra-op threads; 0 = auto (specls.models.runtime.auto_threads)
     provider: str = "auto"
     temperature: float = 0.0
     seed: int | None = None
@@ -179,10 +179,12 @@ class OnnxEngine:
         try:
             from specls.models.facts import model_facts
             from specls.models.loader import check_pair, load_model, resolve_model_dir
-            from specls.models.runtime import RuntimeSettings
+            from specls.models.runtime import RuntimeSettings, auto_threads
         except ImportError as exc:  # pragma: no cover - an incomplete install
             raise EngineError(f"the model runtime is not available: {exc}") from exc
-        runtime = RuntimeSettings(threads=s.threads, provider=s.provider)
+        threads = s.threads if s.threads > 0 else auto_threads()
+        logger.info("onnxruntime threads: %d%s", threads, "" if s.threads > 0 else " (auto)")
+        runtime = RuntimeSettings(threads=threads, provider=s.provider)
         try:
             say("loading target model", 0.05)
             target_dir = resolve_model_dir(s.model, "target")

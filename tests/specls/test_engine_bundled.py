@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from specls.decoder.api import CausalLM, DecodeSettings, KVCache
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
+from specls.models import runtime
 from specls.models.loader import bundled_dir
 
 from specls.api import CompletionRequest
@@ -282,3 +283,15 @@ def test_a_custom_target_without_a_draft_dir_loads_no_draft() -> None:
     paired.load()
     assert paired.models.draft is not None
     assert paired.models.policy.costs.step > 0.0  # pass costs measured at load for the pair
+
+
+@pytest.mark.parametrize(("threads", "want"), [(0, 3), (2, 2)])
+def test_threads_zero_means_auto_threads(monkeypatch: pytest.MonkeyPatch, threads: int, want: int) -> None:
+    """``threads`` 0 (every entry point's default) loads both sessions with ``auto_threads()``; any other
+    value is taken as it is."""
+    monkeypatch.setattr(runtime, "auto_threads", lambda cpus=None: 3)
+    e = OnnxEngine(EngineSettings(threads=threads, lru_size=0))
+    e.load()
+    assert e.models.draft is not None
+    for lm in (e.models.target, e.models.draft):
+        assert lm.session.get_session_options().intra_op_num_threads == want  # type: ignore[attr-defined]
