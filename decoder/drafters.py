@@ -48,6 +48,19 @@ class DrafterSettings:
     # policy stayed on lookup.
     draft_window: int = 256
 
+    def __post_init__(self) -> None:
+        checks = (
+            (1 <= self.lookup_min_n <= self.lookup_max_n, "need 1 <= lookup_min_n <= lookup_max_n"),
+            (self.lookup_guess_tokens >= 0, "lookup_guess_tokens must not be negative"),
+            (self.hybrid_min_match >= 0, "hybrid_min_match must not be negative"),
+            (self.hybrid_extend_min >= 0, "hybrid_extend_min must not be negative"),
+            (0.0 <= self.draft_min_confidence <= 1.0, "draft_min_confidence must be in [0, 1]"),
+            (self.draft_window >= 0, "draft_window must not be negative (0 = all)"),
+        )
+        problems = [why for ok, why in checks if not ok]
+        if problems:
+            raise ValueError(f"bad drafter settings ({'; '.join(problems)}): {self}")
+
 
 DEFAULT_DRAFTER_SETTINGS = DrafterSettings()
 

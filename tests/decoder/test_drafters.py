@@ -249,3 +249,26 @@ def test_draft_model_sees_the_context_tail_and_keeps_it_cached() -> None:
     assert drafter.propose(longer, 2) == LM.greedy(longer[16:], 2)
     assert drafter.forward_tokens - before == 5 + 1
     assert drafter.behind(ctx) == 6  # a context whose view starts elsewhere: all of its view
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ({"lookup_min_n": 0}, "lookup_min_n"),  # Not accepted: a match of no tokens matches anything
+        ({"lookup_min_n": 3, "lookup_max_n": 2}, "lookup_max_n"),
+        ({"lookup_guess_tokens": -1}, "lookup_guess_tokens"),
+        ({"hybrid_min_match": -1}, "hybrid_min_match"),
+        ({"hybrid_extend_min": -2}, "hybrid_extend_min"),
+        ({"draft_min_confidence": 1.5}, "draft_min_confidence"),
+        ({"draft_min_confidence": float("nan")}, "draft_min_confidence"),
+        ({"draft_window": -1}, "draft_window"),
+    ],
+)
+def test_bad_drafter_settings_are_refused_by_name(bad: dict[str, float], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        DrafterSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_edge_drafter_settings_are_accepted() -> None:
+    DrafterSettings(lookup_min_n=4, lookup_max_n=4, lookup_guess_tokens=0, hybrid_min_match=0)
+    DrafterSettings(hybrid_extend_min=0, draft_min_confidence=1.0, draft_window=0)
