@@ -44,9 +44,8 @@ def make_engine(settings: ServerSettings) -> Engine:
         "speculation": settings.speculation,
         "type_ahead": settings.type_ahead,
         "gamma": settings.gamma,
+        "threads": settings.threads,  # 0 = auto in both
     }
-    if settings.threads > 0:
-        updates["threads"] = settings.threads
     return OnnxEngine(dataclasses.replace(EngineSettings(), **updates))
 
 
