@@ -8,7 +8,8 @@ hits all of them alike:
 - specls ``plain`` / ``lookup`` / ``draft`` / ``hybrid`` through ``OnnxEngine`` on the ``--model`` /
   ``--draft`` dirs (e.g. the int8 export of the GGUF files below);
 - llama.cpp ``llama-plain`` / ``llama-draft`` (``-md``) / ``llama-ngram`` (``--spec-type
-  ngram-simple``): one ``llama-server`` per configuration on the ``--gguf-target`` / ``--gguf-draft``
+  ngram-simple``) / ``llama-ngram-map`` (``--spec-type ngram-map-k4v``, n-gram 4, draft 16: the best of
+  a sweep, ``llama_configs``): one ``llama-server`` per configuration on the ``--gguf-target`` / ``--gguf-draft``
   files, started here on 127.0.0.1 with a free port and stopped at the end. Each gets the *token ids*
   of the prompt specls built (``/completion`` with ``prompt`` as a list of ids, ``cache_prompt``
   false, greedy), so both engines see the same FIM text;
@@ -59,7 +60,7 @@ from specls.decoder.margin import describe_margin, first_difference, plain_greed
 logger = logging.getLogger(__name__)
 
 SPECLS = ("plain", "lookup", "draft", "hybrid")
-LLAMA = ("llama-plain", "llama-draft", "llama-ngram")
+LLAMA = ("llama-plain", "llama-draft", "llama-ngram", "llama-ngram-map")
 HF = ("hf-greedy", "hf-assisted")
 TASKS = ("64", "short")
 # the reference each method's output must equal token for token (its own engine's plain greedy)
@@ -129,12 +130,20 @@ class LlamaConfig:
 
 
 def llama_configs(gguf_draft: str, threads: int) -> dict[str, LlamaConfig]:
-    """The llama.cpp side: plain, draft model (``-md``, its own threads pinned to ours) and ngram.
+    """The llama.cpp side: plain, draft model (``-md``, its own threads pinned to ours) and two n-gram
+    drafters.
 
     ``-md`` alone only loads the draft model: build 11434 infers the speculative type from the draft
     GGUF's metadata, finds none in a plain Qwen GGUF and drafts nothing (``draft_n`` absent, one
     token per pass); ``--spec-type draft-simple`` makes it draft. Draft lengths stay llama.cpp's
-    defaults."""
+    defaults (a sweep of ``--spec-draft-n-max`` 2-5 and ``--spec-draft-p-min`` 0.5-0.8 stayed at
+    14.1-14.7 tok/s against plain's 23.2).
+
+    ``ngram-simple`` keeps its defaults (12-token lookup, 48-token drafts: 1.02x plain in the sweep).
+    ``ngram-map-k4v`` (each n-gram keeps up to 4 continuations and drafts the most frequent) with a
+    4-token lookup and 16-token drafts was the fastest of 26 n-gram configurations swept on bench
+    real's 6 points (2 threads, Zen 4, bench/README.md "llama.cpp's n-gram drafters"): 28.82 tok/s
+    against plain's 23.20 (1.24x); its defaults 27.98, ngram-mod 26.61, ngram-cache 15.67."""
     t = str(threads)
     return {
         "llama-plain": LlamaConfig("llama-plain"),
@@ -142,6 +151,13 @@ def llama_configs(gguf_draft: str, threads: int) -> dict[str, LlamaConfig]:
             "llama-draft", ("-md", gguf_draft, "--spec-type", "draft-simple", "-td", t, "-tbd", t)
         ),
         "llama-ngram": LlamaConfig("llama-ngram", ("--spec-type", "ngram-simple")),
+        "llama-ngram-map": LlamaConfig(
+            "llama-ngram-map",
+            (
+                *("--spec-type", "ngram-map-k4v"),
+                *("--spec-ngram-map-k4v-size-n", "4", "--spec-ngram-map-k4v-size-m", "16"),
+            ),
+        ),
     }
 
 

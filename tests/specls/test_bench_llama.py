@@ -244,6 +244,11 @@ def test_llama_configs_are_plain_draft_and_ngram() -> None:
     assert list(c) == list(real.LLAMA)
     assert c["llama-plain"].extra == ()
     assert c["llama-ngram"].extra == ("--spec-type", "ngram-simple")
+    m = c["llama-ngram-map"].extra
+    assert m[m.index("--spec-type") + 1] == "ngram-map-k4v"
+    # wrong: llama.cpp's defaults (12-token lookup, 48-token drafts) were slower in the sweep
+    assert m[m.index("--spec-ngram-map-k4v-size-n") + 1] == "4"
+    assert m[m.index("--spec-ngram-map-k4v-size-m") + 1] == "16"
     draft = c["llama-draft"].extra
     assert draft[draft.index("-md") + 1] == "d.gguf"
     # wrong: -md alone (build 11434 loads the draft model and drafts nothing without a spec type)
@@ -588,8 +593,9 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
         assert data["results"][task]["llama-plain"]["identical"] == 1.0
         assert data["results"][task]["plain"]["decode_x"] == 1.0
     launched = [json.loads(line) for line in argv_log.read_text().splitlines()]
-    assert len(launched) == 3  # one server per llama configuration
+    assert len(launched) == len(real.LLAMA) == 4  # one server per llama configuration
     assert any("ngram-simple" in a for a in launched) and any("-md" in a for a in launched)
+    assert any("ngram-map-k4v" in a for a in launched)
     policy = data["drafting_policy"]  # the costs the hybrid planned by, calibrated at load
     assert policy["verify_cost"][0] == 1.0 and policy["draft_step_cost"] > 0
     assert sum(policy["choices"].values()) > 0  # the hybrid's passes were planned
