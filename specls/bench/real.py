@@ -142,7 +142,7 @@ def llama_configs(gguf_draft: str, threads: int) -> dict[str, LlamaConfig]:
     ``ngram-simple`` keeps its defaults (12-token lookup, 48-token drafts: 1.02x plain in the sweep).
     ``ngram-map-k4v`` (each n-gram keeps up to 4 continuations and drafts the most frequent) with a
     4-token lookup and 16-token drafts was the fastest of 20 n-gram configurations swept on bench
-    real's 6 points (2 threads, Zen 4, bench/README.md "Runs 30-31"): 28.82 tok/s
+    real's 6 points (2 threads, Zen 4, bench/README.md "Runs 30-32"): 28.82 tok/s
     against plain's 23.20 (1.24x); its defaults 27.98, ngram-mod 26.61, ngram-cache 15.67."""
     t = str(threads)
     return {
