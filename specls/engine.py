@@ -23,6 +23,7 @@ short lock).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -30,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from specls.api import CompletionRequest, CompletionResult, EngineError
@@ -49,11 +51,13 @@ from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDr
 from specls.decoder.loop import generate
 from specls.decoder.ngram import common_prefix_len
 from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate
+from specls.decoder.policy import PassCosts
 from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
 from specls.decoder.text import EarlyStop, TextStop
 from specls.decoder.timed import TimedDrafter
 from specls.engine_batching import EngineBatching
 from specls.engine_stats import EngineCounters
+from specls.pass_costs_cache import PassCostsCache, costs_key, default_path, machine_facts
 from specls.prompt import (
     DocumentEncoder,
     FimTokens,
@@ -82,6 +86,10 @@ class EngineSettings:
     # (HybridDrafter), or lookup on the loop's adaptive gamma. Measured on the int4 Qwen 1.5B/0.5B
     # pair: 1.72x plain on 64 tokens where the fixed rule gave 1.05x.
     drafting_policy: bool = True
+    # keep the policy's pass costs per machine (specls.pass_costs_cache): a later load of the same models
+    # with the same settings skips the 2-3 s of timing; False measures at every load (the benchmarks do,
+    # so each run's costs are its own)
+    costs_cache: bool = True
     completion_reuse: bool = True
     # typing the beginning of the last finished suggestion answers its rest with zero model calls: the
     # greedy answer to the prompt that was sent, not re-decoded for the new cursor (False re-decodes;
@@ -190,6 +198,7 @@ class OnnxEngine:
             target_dir = resolve_model_dir(s.model, "target")
             target = load_model(target_dir, runtime)
             draft = None
+            draft_dir = None
             # a draft must share the target's tokenizer: the bundled draft only drafts for the bundled target
             if s.speculation and s.draft_model and (s.draft is not None or s.model is None):
                 say("loading draft model", 0.6)
@@ -219,12 +228,39 @@ class OnnxEngine:
             start_ids=prompt.start_ids,
         )
         if s.speculation and s.drafting_policy and (draft is not None or s.lookup):
-            say("measuring pass costs", 0.9)
-            models.policy.costs = calibrate(target, draft, time.perf_counter)
+            models.policy.costs = self._pass_costs(
+                target,
+                draft,
+                target_dir,
+                draft_dir,
+                {**dataclasses.asdict(runtime), "provider": models.provider},
+                say,
+            )
             models.lookup_policy.costs = models.policy.costs  # lookup alone plans by the verify costs
         self._init_parts(models)
         self._models = models
         say("ready", 1.0)
+
+    def _pass_costs(
+        self,
+        target: CausalLM,
+        draft: CausalLM | None,
+        target_dir: Path,
+        draft_dir: Path | None,
+        runtime: dict[str, Any],
+        say: Callable[[str, float], None],
+    ) -> PassCosts:
+        """The pair's pass costs: measured (``calibrate``), or read from the per-machine cache, whose
+        key has the model files, ``runtime`` (the runtime settings and the provider) and the machine."""
+
+        def measure() -> PassCosts:
+            say("measuring pass costs", 0.9)
+            return calibrate(target, draft, time.perf_counter)
+
+        if not self.settings.costs_cache:
+            return measure()
+        key = costs_key(target_dir, draft_dir, runtime, machine_facts())
+        return PassCostsCache(default_path()).get_or_measure(key, measure)
 
     def _init_parts(self, models: LoadedModels) -> None:
         self._completions = CompletionCache(self.settings.lru_size, models.tokenizer)

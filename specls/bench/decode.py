@@ -321,7 +321,10 @@ def run_bench(opt: BenchOptions) -> int:
     if not points:
         sys.stderr.write("specls bench decode: no usable source files\n")
         return 2
-    base = EngineSettings(model=opt.model, draft=opt.draft, threads=opt.threads, lru_size=0)
+    # each run measures its own pass costs
+    base = EngineSettings(
+        model=opt.model, draft=opt.draft, threads=opt.threads, lru_size=0, costs_cache=False
+    )
     hybrid = OnnxEngine(replace(base, completion_reuse=False))
     try:
         hybrid.load()

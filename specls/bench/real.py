@@ -774,7 +774,12 @@ def run_bench(opt: RealBenchOptions) -> int:
         say("specls bench real: no usable source files\n")
         return 2
     base = EngineSettings(
-        model=opt.model, draft=opt.draft, threads=opt.threads, lru_size=0, completion_reuse=False
+        model=opt.model,
+        draft=opt.draft,
+        threads=opt.threads,
+        lru_size=0,
+        completion_reuse=False,
+        costs_cache=False,  # each run measures its own pass costs
     )
     hybrid = OnnxEngine(base)
     t0 = time.perf_counter()

@@ -295,3 +295,30 @@ def test_threads_zero_means_auto_threads(monkeypatch: pytest.MonkeyPatch, thread
     assert e.models.draft is not None
     for lm in (e.models.target, e.models.draft):
         assert lm.session.get_session_options().intra_op_num_threads == want  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("costs_cache", [True, False])
+def test_pass_costs_measured_once_per_machine(monkeypatch: pytest.MonkeyPatch, costs_cache: bool) -> None:
+    """With ``costs_cache`` (the default) a second load of the same pair and settings reads the first
+    load's pass costs instead of timing the passes again; off, every load times them. A load with
+    other threads is another key."""
+    import specls.engine as engine_module
+
+    calls: list[int] = []
+    real = engine_module.calibrate
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "calibrate", counting)
+    base = EngineSettings(lru_size=0, threads=1, costs_cache=costs_cache)
+    first = OnnxEngine(base)
+    first.load()
+    second = OnnxEngine(base)
+    second.load()
+    assert second.models.policy.costs == first.models.policy.costs or not costs_cache
+    assert second.models.lookup_policy.costs == second.models.policy.costs
+    assert len(calls) == (1 if costs_cache else 2)  # Not 2 with the cache: the second load reads it
+    OnnxEngine(replace(base, threads=2)).load()
+    assert len(calls) == (2 if costs_cache else 3)
