@@ -41,25 +41,25 @@ def model_dir(root: Path, name: str) -> Path:
     return d
 
 
-def key_for(tmp_path: Path, target: Path, draft: Path | None = None, threads: int = 1) -> dict[str, object]:
+def key_for(target: Path, draft: Path | None = None, threads: int = 1) -> dict[str, object]:
     return costs_key(target, draft, {"threads": threads, "provider": "cpu"}, machine_facts())
 
 
 def test_measured_once_then_read(tmp_path: Path) -> None:
     t, d = model_dir(tmp_path, "t"), model_dir(tmp_path, "d")
     cache, measure = PassCostsCache(tmp_path / "c" / "pass-costs.json"), Measure()
-    assert cache.get_or_measure(key_for(tmp_path, t, d), measure) == COSTS
-    assert cache.get_or_measure(key_for(tmp_path, t, d), measure) == COSTS
+    assert cache.get_or_measure(key_for(t, d), measure) == COSTS
+    assert cache.get_or_measure(key_for(t, d), measure) == COSTS
     assert measure.calls == 1  # Not 2: the second load reads the file
     fresh = PassCostsCache(cache.path)  # another process reading the same file
-    assert fresh.get(key_for(tmp_path, t, d)) == COSTS
+    assert fresh.get(key_for(t, d)) == COSTS
 
 
 @pytest.mark.parametrize("change", ["threads", "draft", "file size", "file mtime", "new file"])
 def test_another_key_measures_again(tmp_path: Path, change: str) -> None:
     t, d = model_dir(tmp_path, "t"), model_dir(tmp_path, "d")
     cache, measure = PassCostsCache(tmp_path / "pass-costs.json"), Measure()
-    cache.get_or_measure(key_for(tmp_path, t, d), measure)
+    cache.get_or_measure(key_for(t, d), measure)
     threads = 1
     draft: Path | None = d
     if change == "threads":
@@ -73,7 +73,7 @@ def test_another_key_measures_again(tmp_path: Path, change: str) -> None:
         os.utime(t / "model.onnx", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     else:
         (d / "model.onnx.data").write_bytes(b"weights")
-    cache.get_or_measure(key_for(tmp_path, t, draft, threads), measure)
+    cache.get_or_measure(key_for(t, draft, threads), measure)
     assert measure.calls == 2  # Not 1: the old entry's costs are another pair's, or other settings'
 
 
@@ -107,20 +107,20 @@ def test_corrupt_file_measures_and_rewrites(tmp_path: Path, content: bytes) -> N
     path = tmp_path / "pass-costs.json"
     path.write_bytes(content)
     cache, measure = PassCostsCache(path), Measure()
-    assert cache.get_or_measure(key_for(tmp_path, t), measure) == COSTS
+    assert cache.get_or_measure(key_for(t), measure) == COSTS
     assert measure.calls == 1
-    assert PassCostsCache(path).get(key_for(tmp_path, t)) == COSTS  # the file is whole JSON again
+    assert PassCostsCache(path).get(key_for(t)) == COSTS  # the file is whole JSON again
 
 
 def test_invalid_stored_entry_is_measured_again(tmp_path: Path) -> None:
     t = model_dir(tmp_path, "t")
     cache, measure = PassCostsCache(tmp_path / "pass-costs.json"), Measure()
-    cache.put(key_for(tmp_path, t), COSTS)
+    cache.put(key_for(t), COSTS)
     data = json.loads(cache.path.read_text())
     for entry in data["entries"].values():
         entry["costs"]["verify"] = [1.0, -5.0]
     cache.path.write_text(json.dumps(data))
-    assert cache.get_or_measure(key_for(tmp_path, t), measure) == COSTS
+    assert cache.get_or_measure(key_for(t), measure) == COSTS
     assert measure.calls == 1
 
 
@@ -129,8 +129,8 @@ def test_unwritable_cache_still_gives_costs(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     cache, measure = PassCostsCache(blocker / "specls" / "pass-costs.json"), Measure()
-    assert cache.get_or_measure(key_for(tmp_path, t), measure) == COSTS
-    assert cache.get_or_measure(key_for(tmp_path, t), measure) == COSTS
+    assert cache.get_or_measure(key_for(t), measure) == COSTS
+    assert cache.get_or_measure(key_for(t), measure) == COSTS
     assert measure.calls == 2  # nothing could be kept, so each load measures
     assert not list(tmp_path.glob(".pass-costs-*"))
 
@@ -139,11 +139,11 @@ def test_oldest_entries_dropped(tmp_path: Path) -> None:
     t = model_dir(tmp_path, "t")
     cache = PassCostsCache(tmp_path / "pass-costs.json")
     for threads in range(MAX_ENTRIES + 3):
-        cache.put(key_for(tmp_path, t, threads=threads), COSTS)
+        cache.put(key_for(t, threads=threads), COSTS)
     entries = json.loads(cache.path.read_text())["entries"]
     assert len(entries) == MAX_ENTRIES
-    assert cache.get(key_for(tmp_path, t, threads=0)) is None  # the first written went first
-    assert cache.get(key_for(tmp_path, t, threads=MAX_ENTRIES + 2)) == COSTS
+    assert cache.get(key_for(t, threads=0)) is None  # the first written went first
+    assert cache.get(key_for(t, threads=MAX_ENTRIES + 2)) == COSTS
 
 
 def test_default_path_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
