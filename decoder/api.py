@@ -233,3 +233,6 @@ class DecodeResult:
     # as prompt time: decode_ms - first_pass_ms is the like-for-like decode time (specls bench real).
     first_pass_ms: float = 0.0
     first_pass_tokens: int = 0
+    # (tokens fed, ms) of each decode pass of the target, what the drafting policy learns its pass
+    # costs from (decoder/pass_cost_learner.py)
+    pass_ms: list[tuple[int, float]] = field(default_factory=list)

@@ -7,7 +7,8 @@ All subclass the ``Drafter`` protocol of ``specls.decoder.api``. Stats are keyed
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,9 +163,15 @@ class DraftModelDrafter(Drafter):
 
     name = "draft"
 
-    def __init__(self, model: CausalLM, settings: DrafterSettings = DEFAULT_DRAFTER_SETTINGS) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        settings: DrafterSettings = DEFAULT_DRAFTER_SETTINGS,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.model = model
         self.settings = settings
+        self._clock = clock
         self._cache: KVCache | None = None
         self._tokens: list[int] = []  # what the cache holds, position by position
         self._decode = DecodeSettings()
@@ -172,6 +179,7 @@ class DraftModelDrafter(Drafter):
         self._q: list[np.ndarray] = []
         self._n = 0
         self.forward_tokens = 0  # tokens fed to the draft model (catch-up + drafting), for stats
+        self.feed_ms: list[tuple[int, float]] = []  # this request's feeds: (tokens, ms), for the policy
 
     @property
     def cached_tokens(self) -> int:
@@ -179,6 +187,7 @@ class DraftModelDrafter(Drafter):
 
     def begin(self, settings: DecodeSettings) -> None:
         self._decode = settings
+        self.feed_ms = []
         seed = settings.seed
         self._rng = np.random.default_rng(None if seed is None else [seed, 0x5EED])
 
@@ -201,10 +210,12 @@ class DraftModelDrafter(Drafter):
 
     def _feed(self, ids: Sequence[int]) -> np.ndarray:
         assert self._cache is not None
+        t0 = self._clock()
         if len(ids) > 1:
             last = self._cache.forward_last(ids)  # [vocab]: only the row we need (catch-up)
         else:
             last = self._cache.forward(ids)[-1]  # forward: [len(ids), vocab]
+        self.feed_ms.append((len(ids), (self._clock() - t0) * 1e3))
         self._tokens.extend(ids)
         self.forward_tokens += len(ids)
         return np.asarray(last)  # [vocab]

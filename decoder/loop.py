@@ -192,6 +192,7 @@ def generate(
             t_done = clock()
             n_acc, nxt = greedy_accept_ids(np.asarray(draft, dtype=np.int64), best)
         result.target_passes += 1
+        result.pass_ms.append((len(feed), (t_done - t_target) * 1e3))
         if draft:
             assert drafter is not None
             drafter.observe(n_acc, len(draft))

@@ -24,6 +24,7 @@ import numpy as np
 from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, point_masses_then
 from specls.decoder.ngram import LookupMatch
+from specls.decoder.pass_cost_learner import PassCostLearner, pass_rows
 from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,17 @@ class PolicyState:
     unmatched: float = 0.5
     stop_unmatched: float = 0.5
     choices: Counter[str] = field(default_factory=Counter)  # passes by plan: plain/lookup/model/lookup+model
+    # learns ``costs`` from the requests' own passes (``learn``); None keeps them as calibrated
+    learner: PassCostLearner | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def learn(self, target: Sequence[tuple[int, float]], draft: Sequence[tuple[int, float]] = ()) -> None:
+        """A request's passes, ``(tokens, ms)`` each (target passes, draft-model feeds): the costs the
+        next requests plan with follow them (``PassCostLearner``); nothing without a learner."""
+        with self.lock:
+            if self.learner is not None:
+                self.learner.observe(target, draft)
+                self.costs = self.learner.costs()
 
     def finish(self, generated: int, stopped: bool = False, unmatched: int | None = None) -> None:
         """A request of ``generated`` tokens is over (``stopped``: one that ends at a text stop), of
@@ -88,6 +99,7 @@ class PolicyState:
 
     def snapshot(self) -> dict[str, object]:
         with self.lock:
+            calibrated = self.costs if self.learner is None else self.learner.prior
             return {
                 "choices": dict(self.choices),
                 "lookup_accept": [round(x, 3) for x in self.lookup.rates(4)],
@@ -101,6 +113,9 @@ class PolicyState:
                 "verify_cost": [round(x, 3) for x in self.costs.verify],
                 "draft_step_cost": round(self.costs.step, 3),
                 "draft_catchup_cost": round(self.costs.catchup, 4),
+                "costs_learned_from_passes": 0 if self.learner is None else self.learner.passes,
+                "verify_cost_calibrated": [round(x, 3) for x in calibrated.verify],
+                "draft_step_cost_calibrated": round(calibrated.step, 3),
             }
 
 
@@ -221,15 +236,6 @@ class PlannedDrafter(Drafter):
 Clock = Callable[[], float]
 
 
-def _rows(n: int, k: int) -> int:
-    """The rows a pass over ``n`` tokens computes on a model of pass granularity ``k``.
-
-    >>> _rows(3, 2), _rows(4, 2), _rows(3, 1)   # Not 3: an odd pass is padded to even
-    (4, 4, 3)
-    """
-    return -(-n // k) * k
-
-
 def calibrate(
     target: CausalLM,
     draft: CausalLM | None,
@@ -258,7 +264,7 @@ def calibrate(
     for the bundled pair."""
     vocab = target.vocab_size
     k = max(1, target.pass_granularity)
-    rows = sorted({_rows(g + 1, k) for g in (0, *points)})  # [one-token pass, ...]
+    rows = sorted({pass_rows(g + 1, k) for g in (0, *points)})  # [one-token pass, ...]
     ids = [(7 * i + 3) % vocab for i in range(prefix + max(rows[-1], catchup_tokens))]
 
     def primed(model: CausalLM) -> KVCache:
@@ -284,7 +290,9 @@ def calibrate(
     fastest = times.min(axis=0)
     one = max(float(fastest[0]), 1e-9)  # a one-token target pass
     cost = [float(t) / one for t in fastest]
-    verify = tuple(float(np.interp(_rows(g + 1, k), rows, cost[: len(rows)])) for g in range(max(points) + 1))
+    verify = tuple(
+        float(np.interp(pass_rows(g + 1, k), rows, cost[: len(rows)])) for g in range(max(points) + 1)
+    )
     if draft is None:
         return PassCosts(verify=verify, step=0.0, catchup=0.0)
     step, feed = cost[len(rows) :]

@@ -146,7 +146,7 @@ def format_policy(p: dict[str, Any]) -> str:
     return (
         f"policy passes: {choices}; costs per target pass: draft step {p.get('draft_step_cost')}, "
         f"catch-up {p.get('draft_catchup_cost')}/token, verify of {len(verify)} tokens "
-        f"{verify[-1] if verify else '-'}x"
+        f"{verify[-1] if verify else '-'}x (learned from {p.get('costs_learned_from_passes', 0)} passes)"
     )
 
 

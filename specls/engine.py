@@ -50,6 +50,7 @@ from specls.decoder.buffer_index import BufferIndex, ReindexPolicy
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.ngram import common_prefix_len
+from specls.decoder.pass_cost_learner import PassCostLearner
 from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate
 from specls.decoder.policy import PassCosts
 from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
@@ -90,6 +91,9 @@ class EngineSettings:
     # with the same settings skips the 2-3 s of timing; False measures at every load (the benchmarks do,
     # so each run's costs are its own)
     costs_cache: bool = True
+    # follow the host: the pass costs the policy plans with move with every request's own passes
+    # (decoder/pass_cost_learner.py); False keeps the load's calibration for the engine's life
+    learn_costs: bool = True
     completion_reuse: bool = True
     # typing the beginning of the last finished suggestion answers its rest with zero model calls: the
     # greedy answer to the prompt that was sent, not re-decoded for the new cursor (False re-decodes;
@@ -237,6 +241,8 @@ class OnnxEngine:
                 say,
             )
             models.lookup_policy.costs = models.policy.costs  # lookup alone plans by the verify costs
+            for policy in (models.policy, models.lookup_policy):  # each learns from its own requests
+                policy.learner = PassCostLearner(policy.costs, target.pass_granularity)
         self._init_parts(models)
         self._models = models
         say("ready", 1.0)
@@ -384,6 +390,9 @@ class OnnxEngine:
         out = self._decode(models, state, cache, prompt, drafter, settings, cancelled, stop)
         if state.planned_drafter is not None:
             state.planned_drafter.end()  # its length teaches the policy the usual completion length
+            if planned and self.settings.learn_costs and self._batching is None:  # batched: shared passes
+                model = state.planned_drafter.model
+                self._policy_state(models).learn(out.pass_ms, model.feed_ms if model is not None else ())
 
         raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
         text = stop.text[: stop.cut] if stop is not None and stop.cut is not None else raw

@@ -510,3 +510,19 @@ def test_cancel_between_prefill_runs_keeps_the_runs_done(k: int) -> None:
     again = generate(cache, LONG, None, settings, frozenset())  # the next request goes on from there
     assert again.tokens == TARGET.greedy(LONG, 6)
     assert again.prefill_tokens == len(LONG) - 8 * k
+
+
+def test_every_decode_pass_is_timed_with_the_tokens_it_fed() -> None:
+    cache = TARGET.new_cache()
+    cache.append(PROMPT[:3])  # a short uncached tail rides with the first pass: it is timed with it
+    clock = lambda: float(cache.counter.tokens)  # noqa: E731  # "1 second" per token fed
+    drafter = ScriptedDrafter(PROMPT, REF, TARGET.vocab_size, mode="wrong_at", j=2)
+    out = generate(
+        cache, PROMPT, drafter, DecodeSettings(max_new_tokens=20, gamma=4), frozenset(), clock=clock
+    )
+    assert out.tokens == REF[:20]
+    assert len(out.pass_ms) == out.target_passes
+    assert [ms for _, ms in out.pass_ms] == [1e3 * n for n, _ in out.pass_ms]  # each pass's own time
+    assert out.pass_ms[0][0] == len(PROMPT) - 3 + 4  # Not 5: the 4-token tail fed with 4 drafts
+    # every token fed after the 3 cached ones (rejected drafts included) is in exactly one timed pass
+    assert sum(n for n, _ in out.pass_ms) == cache.counter.tokens - 3

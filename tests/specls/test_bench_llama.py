@@ -601,7 +601,8 @@ def test_bench_real_end_to_end_with_a_stub_llama_server(
     assert sum(policy["choices"].values()) > 0  # the hybrid's passes were planned
     alone = data["lookup_policy"]  # lookup alone: planned too, learned apart
     assert sum(alone["choices"].values()) > 0 and set(alone["choices"]) <= {"plain", "lookup"}
-    assert alone["verify_cost"] == policy["verify_cost"]  # one calibration
+    assert alone["verify_cost_calibrated"] == policy["verify_cost_calibrated"]  # one calibration
+    assert policy["costs_learned_from_passes"] > 0  # then each learned from its own passes
     for task in ("64", "short"):  # the hybrid against llama.cpp's best, from the same run's figures
         vs, figures = data["against_llama"][task], data["results"][task]
         best = max(real.LLAMA, key=lambda m: figures[m]["decode_tok_s"] or 0.0)

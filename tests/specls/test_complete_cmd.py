@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specls.complete_cmd import PositionError, offset_of
+from specls.complete_cmd import PositionError, format_policy, offset_of
 
 CODE = """def add(a, b):
     return a + b
@@ -112,3 +112,19 @@ def test_complete_errors(code_file: Path, tmp_path: Path) -> None:
     corrupt = specls("complete", str(code_file), "--line", "0", "--character", "0", "--model", str(junk))
     assert corrupt.returncode == 2 and "specls.json" in corrupt.stderr
     assert "Traceback" not in corrupt.stderr + no_model.stderr
+
+
+def test_the_policy_line_says_how_many_passes_its_costs_were_learned_from() -> None:
+    line = format_policy(
+        {
+            "choices": {"plain": 3, "lookup": 9},
+            "draft_step_cost": 0.31,
+            "draft_catchup_cost": 0.05,
+            "verify_cost": [1.0, 1.0, 1.2],
+            "costs_learned_from_passes": 12,
+        }
+    )
+    assert line == (
+        "policy passes: lookup 9, plain 3; costs per target pass: draft step 0.31, catch-up 0.05/token, "
+        "verify of 3 tokens 1.2x (learned from 12 passes)"
+    )

@@ -9,6 +9,7 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
+from specls.decoder.pass_cost_learner import PassCostLearner
 from specls.decoder.testing import FakeLM
 
 from specls.api import CompletionRequest, EngineError
@@ -598,3 +599,55 @@ def test_the_drafting_policy_plans_both_drafters_and_learns_across_requests() ->
     fixed.complete(request(POINTS[0]))
     assert fixed.stats()["drafting_policy"] == fixed.models.policy.snapshot()
     assert fixed.models.policy.choices == {}  # the fixed rule never asks the policy
+
+
+def learning(models: LoadedModels) -> LoadedModels:
+    """``models`` with a pass-cost learner on each policy, as ``OnnxEngine.load`` gives them."""
+    for policy in (models.policy, models.lookup_policy):
+        policy.learner = PassCostLearner(policy.costs, models.target.pass_granularity)
+    return models
+
+
+@pytest.mark.parametrize("learn_costs", [True, False])
+def test_the_policy_learns_pass_costs_from_its_requests_passes(learn_costs: bool) -> None:
+    models = learning(fake_models())
+    engine = OnnxEngine(EngineSettings(learn_costs=learn_costs), models)
+    engine.update_document("file:///w/a.py", SOURCE)
+    passes = 0
+    for pos in POINTS:
+        result = engine.complete(request(pos, max_tokens=40, doc=f"file:///w/{pos}.py"))
+        assert engine.last_tokens == reference(models, engine, 40)
+        passes += result.target_passes
+    learner = models.policy.learner
+    assert learner is not None
+    policy = engine.stats()["drafting_policy"]
+    assert isinstance(policy, dict)
+    if learn_costs:
+        assert learner.passes == passes > 0  # every target pass of every request
+        assert models.policy.costs != learner.prior  # Not the calibration: the passes moved it
+        assert policy["costs_learned_from_passes"] == passes
+        assert policy["verify_cost_calibrated"] == [round(x, 3) for x in learner.prior.verify]
+    else:
+        assert learner.passes == 0 and models.policy.costs == learner.prior
+    assert models.lookup_policy.learner is not None and models.lookup_policy.learner.passes == 0  # apart
+
+
+@pytest.mark.parametrize("rows_ms", [1.0, 1e4])  # every extra row free / every extra row ruinous
+def test_learned_costs_move_plans_never_the_output(rows_ms: float) -> None:
+    models = learning(fake_models())
+    learner = models.policy.learner
+    assert learner is not None
+    for n in range(1, 13):  # a host whose passes cost what no calibration said
+        for _ in range(50):
+            learner.observe_target(n, 10.0 + rows_ms * (n - 1))
+    models.policy.costs = learner.costs()
+    engine = OnnxEngine(EngineSettings(learn_costs=False), models)  # those prices stay (no wall clock)
+    engine.update_document("file:///w/a.py", SOURCE)
+    for pos in POINTS:
+        engine.complete(request(pos, max_tokens=40, doc=f"file:///w/{pos}.py"))
+        assert engine.last_tokens == reference(models, engine, 40)  # Not a drafter's guess
+    choices = models.policy.choices
+    if rows_ms > 1e3:  # nothing pays at those prices: every pass plain
+        assert set(choices) == {"plain"}
+    else:
+        assert choices["plain"] < sum(choices.values())
