@@ -96,6 +96,9 @@ class RealBenchOptions:
     suffix_chars: int | None = None
     json_out: str | None = None
     markdown: bool = False
+    # the policy's pass costs follow the run's own passes (EngineSettings.learn_costs); False keeps the
+    # load's calibration, for an A/B of the two in back-to-back runs
+    learn_costs: bool = True
 
 
 @dataclass
@@ -685,6 +688,12 @@ def register(sub: Any) -> None:
     p.add_argument("--ctx", type=int, default=d.ctx, help="llama-server context size")
     p.add_argument("--json", dest="json_out", default=None, help="save the numbers as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument(
+        "--no-learn-costs",
+        dest="learn_costs",
+        action="store_false",
+        help="plan with the load's pass-cost calibration throughout (default: learn from the passes)",
+    )
     p.set_defaults(func=run)
 
 
@@ -719,6 +728,7 @@ def options_from_args(args: argparse.Namespace) -> RealBenchOptions:
         suffix_chars=args.suffix_chars,
         json_out=args.json_out,
         markdown=args.markdown,
+        learn_costs=args.learn_costs,
     )
 
 
@@ -780,6 +790,7 @@ def run_bench(opt: RealBenchOptions) -> int:
         lru_size=0,
         completion_reuse=False,
         costs_cache=False,  # each run measures its own pass costs
+        learn_costs=opt.learn_costs,
     )
     hybrid = OnnxEngine(base)
     t0 = time.perf_counter()

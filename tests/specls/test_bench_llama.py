@@ -8,6 +8,7 @@ import stat
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -563,6 +564,8 @@ def test_bench_real_is_registered() -> None:
     )
     with pytest.raises(SystemExit, match="unknown --methods"):
         real.options_from_args(build_parser().parse_args([*base, "--methods", "turbo"]))
+    assert real.options_from_args(build_parser().parse_args(base)).learn_costs  # learning is the default
+    assert not real.options_from_args(build_parser().parse_args([*base, "--no-learn-costs"])).learn_costs
 
 
 # -- the whole run: bundled specls pair + the stub llama-server binary -------------------------------
@@ -654,6 +657,17 @@ def test_bench_real_without_llama_methods_needs_no_llama_server(tmp_path: Path) 
     opt, out = _short_run(tmp_path, missing, ("lookup",))
     assert real.run_bench(opt) == 0
     assert set(json.loads(out.read_text())["results"]["short"]) == {"plain", "lookup"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learn_costs", [True, False])
+def test_bench_real_learns_pass_costs_unless_told_not_to(tmp_path: Path, learn_costs: bool) -> None:
+    opt, out = _short_run(tmp_path, str(tmp_path / "no-such-llama-server"), ("lookup",))
+    assert real.run_bench(replace(opt, learn_costs=learn_costs)) == 0
+    alone = json.loads(out.read_text())["lookup_policy"]
+    assert (alone["costs_learned_from_passes"] > 0) is learn_costs  # Not > 0 with --no-learn-costs
+    if not learn_costs:
+        assert alone["verify_cost"] == alone["verify_cost_calibrated"]
 
 
 def test_docstring_examples_hold() -> None:
