@@ -390,7 +390,9 @@ class OnnxEngine:
         out = self._decode(models, state, cache, prompt, drafter, settings, cancelled, stop)
         if state.planned_drafter is not None:
             state.planned_drafter.end()  # its length teaches the policy the usual completion length
-            if planned and self.settings.learn_costs and self._batching is None:  # batched: shared passes
+            # batched: shared passes; no pass: the decode ended before its drafters began, so the draft
+            # model's feeds on record are the previous request's, already learned
+            if planned and self.settings.learn_costs and self._batching is None and out.pass_ms:
                 model = state.planned_drafter.model
                 self._policy_state(models).learn(out.pass_ms, model.feed_ms if model is not None else ())
 

@@ -651,3 +651,20 @@ def test_learned_costs_move_plans_never_the_output(rows_ms: float) -> None:
         assert set(choices) == {"plain"}
     else:
         assert choices["plain"] < sum(choices.values())
+
+
+def test_a_decode_ended_before_its_first_pass_teaches_the_costs_nothing() -> None:
+    models = learning(fake_models())
+    engine = OnnxEngine(EngineSettings(), models)
+    engine.update_document("file:///w/a.py", SOURCE)
+    engine.complete(request(POINTS[0], max_tokens=40))
+    learner = models.policy.learner
+    assert learner is not None
+    drafter = engine._doc("file:///w/a.py").planned_drafter
+    assert drafter is not None and drafter.model is not None
+    drafter.model.feed_ms = [(1, 1e6)]  # on record from before: a feed that must not be learned again
+    passes, costs = learner.passes, models.policy.costs
+    answers = iter([False])  # the engine's own check passes; the decode is cancelled before any pass
+    result = engine.complete(request(POINTS[1], max_tokens=40), lambda: next(answers, True))
+    assert result.cancelled and result.target_passes == 0
+    assert (learner.passes, models.policy.costs) == (passes, costs)  # Not a draft step of 1e6 ms
