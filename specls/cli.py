@@ -12,6 +12,7 @@ from collections.abc import Sequence
 # module path -> it defines register(subparsers) adding its subcommands, each with set_defaults(func=...)
 _COMMAND_MODULES = (
     "specls.models.cli",  # export, train, eval
+    "specls.models_cmd",  # models [list|pull|rm]
     "specls.complete_cmd",  # complete
     "specls.bench",  # bench [decode|lsp|team|gpu|real|quant]
     "specls.lsp.cli",  # serve, stats
