@@ -11,6 +11,7 @@ torch/transformers/onnx are imported inside the functions: this module is import
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import json
 import logging
@@ -73,7 +74,7 @@ class ExportOptions:
     # to "none" with a warning.
     ort_fusions: str = "auto"  # "auto" | "cpu" | "cuda" | "none"
     # one copy of the weights: copy the checkpoint's model.safetensors (+ config files) next to the
-    # graph(s) and make every large initializer ONNX external data pointing into it (see share_weights)
+    # graph(s) and make every large initializer ONNX external data pointing into it (models.weight_sharing)
     share_weights: bool = False
     # a fused (batch-1) export also writes model.batch.onnx, the plain graph with a dynamic batch axis,
     # and names it in specls.json's batch_onnx_file (nothing extra for plain exports: already batched)
@@ -192,9 +193,59 @@ def export_model(
     Raises ExportError on a bad source, a failed trace, ONNX Runtime logits further than the
     tolerance from torch's, or a quantized graph below the agreement floor.
     """
-    import torch
-
     progress = progress or _noop
+    fusions, quant_mode, quant = _check_options(options)
+    out_dir = Path(out_dir)
+    t0 = time.perf_counter()
+
+    progress("resolving source", 0.0)
+    ckpt = resolve_source(source, options.trust_remote_code)
+    if options.share_weights and (ckpt.gguf is not None or not (ckpt.dir / SAFETENSORS_FILE).is_file()):
+        raise ExportError(
+            f"{ckpt}: share_weights needs a single {SAFETENSORS_FILE} in the checkpoint (GGUF, sharded "
+            "or .bin checkpoints are not supported; export without it)"
+        )
+    tokenizer = _load_tokenizer(ckpt)
+    progress("loading model", 0.05)
+    traced = _load_and_trace(ckpt, tokenizer, source, out_dir, options, fusions, progress)
+    if options.quantize == "auto" and (traced.n_params < AUTO_MIN_PARAMS or options.share_weights):
+        quant_mode, quant = "none", None  # see AUTO_MIN_PARAMS
+    spec = traced.spec
+    _write_tokenizer(ckpt, tokenizer, out_dir)
+    if traced.head_ids is not None:
+        np.save(out_dir / HEAD_IDS_FILE, traced.head_ids)
+    graphs = [f for f in (spec.onnx_file, spec.batch_onnx_file) if f]
+    shared: dict[str, Any] = {}
+    if options.share_weights:
+        progress("sharing the weights with model.safetensors", 0.55)
+        shared = _share_checkpoint_weights(ckpt, out_dir, graphs)
+    spec = _add_inputs(out_dir, spec, graphs)
+
+    report: dict[str, Any] = {
+        "source": source,
+        "ort_fusions": traced.fusions or "none",
+        "options": asdict(options),
+        "quantize": quant_mode,
+    }
+    if shared:
+        report["shared_weights"] = shared
+    fail = functools.partial(_fail, out_dir, report, t0)
+    if traced.reference is not None:
+        progress("verifying ONNX Runtime vs torch", 0.6)
+        _verify_graphs(traced.reference, out_dir, spec, graphs, options, report, fail)
+    if quant is not None:
+        _quantize_dir(out_dir, spec, graphs, quant, options, report, progress, fail)
+    report["export_s"] = round(time.perf_counter() - t0, 2)
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    spec.write(out_dir)  # last: the directory is loadable only now
+    _log_memory("done")
+    progress("done", 1.0)
+    return out_dir
+
+
+def _check_options(options: ExportOptions) -> tuple[str | None, str, QuantizeOptions | None]:
+    """The fusions, the quantize mode and its options an export starts from; raises ExportError on
+    an option value or a combination it cannot take."""
     if options.dtype not in ("fp32", "fp16"):
         raise ExportError(f"dtype must be fp32 or fp16, not {options.dtype!r}")
     if options.draft_head not in DRAFT_HEADS:
@@ -207,62 +258,48 @@ def export_model(
             f"--share-weights cannot be combined with --quantize {quant_mode}: the quantized MatMul "
             "weights are not tensors of the checkpoint's model.safetensors (export with one of them)"
         )
-    out_dir = Path(out_dir)
-    t0 = time.perf_counter()
+    return fusions, quant_mode, quant
 
-    progress("resolving source", 0.0)
-    ckpt = resolve_source(source, options.trust_remote_code)
-    if options.share_weights and (ckpt.gguf is not None or not (ckpt.dir / SAFETENSORS_FILE).is_file()):
-        raise ExportError(
-            f"{ckpt}: share_weights needs a single {SAFETENSORS_FILE} in the checkpoint (GGUF, sharded "
-            "or .bin checkpoints are not supported; export without it)"
-        )
-    tokenizer = _load_tokenizer(ckpt)
 
-    progress("loading model", 0.05)
-    model, config = _load_torch_model(ckpt, options)
-    fim = _pick_fim(tokenizer, options.fim_family)
-    spec = _make_spec(config, model, tokenizer, fim, options, source)
-    head_ids = None
-    if options.draft_head == "ascii":
-        head_ids = ascii_token_ids(tokenizer, spec.vocab_size, spec.eos_token_ids)
-        slice_head(model, _text_config(model.config), head_ids)
-        spec = replace(spec, head_ids_file=HEAD_IDS_FILE)
-        log.info("draft head: %d of %d tokens (ASCII and added tokens)", head_ids.size, spec.vocab_size)
+@dataclass(frozen=True)
+class _Traced:
+    """What tracing leaves once the torch model is freed: the graphs are in the output directory."""
+
+    spec: ModelSpec
+    fusions: str | None  # None: the plain graph (no fusions, or the fused export failed)
+    head_ids: np.ndarray | None  # the draft head's token ids (``draft_head="ascii"``)
+    reference: TorchReference | None  # the torch logits ``verify`` compares with
+    n_params: int
+
+
+def _load_and_trace(
+    ckpt: ModelSource,
+    tokenizer: Tokenizer,
+    source: str,
+    out_dir: Path,
+    options: ExportOptions,
+    fusions: str | None,
+    progress: Progress,
+) -> _Traced:
+    """Load the torch model, keep its reference logits, trace it into ``out_dir`` and free it. The
+    model is a local of this frame only, so ``del model`` frees it before ONNX Runtime loads."""
+    import torch
+
+    model, spec, head_ids = _load_model(ckpt, tokenizer, source, options)
     n_params = sum(p.numel() for p in model.parameters())
-    if options.quantize == "auto" and (n_params < AUTO_MIN_PARAMS or options.share_weights):
-        quant_mode, quant = "none", None  # see AUTO_MIN_PARAMS
     reference = torch_reference(model, spec) if options.verify else None
     _log_memory("torch model loaded")
 
     progress("tracing to ONNX", 0.15)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp, torch.no_grad():
-        tmp_onnx = Path(tmp) / ONNX_FILE
         if options.dtype == "fp16":
             del model  # the fp32 copy was only needed for the reference logits
             release_freed_memory(collect=True)
             model = _load_torch_model(ckpt, options, dtype=torch.float16)[0]
             if head_ids is not None:
                 slice_head(model, _text_config(model.config), head_ids)
-        traced = False
-        if fusions is not None:
-            try:
-                _trace_fused(model, spec, tmp_onnx, options, fusions)
-                traced = True
-            except Exception as exc:  # transformers' exporter is young: fall back to the plain graph
-                log.warning(
-                    "fused export (ort_fusions=%s) failed, exporting the plain graph: %s", fusions, exc
-                )
-                for f in Path(tmp).iterdir():
-                    f.unlink()
-        if not traced:
-            fusions = None
-            _trace(model, spec, tmp_onnx, options)
-        elif options.batch_graph:
-            progress("tracing the dynamic-batch graph", 0.45)
-            _trace(model, spec, Path(tmp) / BATCH_ONNX_FILE, options)
-            spec = replace(spec, batch_onnx_file=BATCH_ONNX_FILE)
+        spec, fusions = _trace_graphs(model, spec, Path(tmp), options, fusions, progress)
         del model  # the graph's weights are on disk now: free the torch copy before ONNX Runtime loads
         release_freed_memory(collect=True)
         _log_memory("traced")
@@ -273,68 +310,110 @@ def export_model(
         (out_dir / HEAD_IDS_FILE).unlink(missing_ok=True)
         for f in Path(tmp).iterdir():
             shutil.move(str(f), out_dir / f.name)
-    _write_tokenizer(ckpt, tokenizer, out_dir)
-    if head_ids is not None:
-        np.save(out_dir / HEAD_IDS_FILE, head_ids)
-    graphs = [f for f in (spec.onnx_file, spec.batch_onnx_file) if f]
+    return _Traced(spec, fusions, head_ids, reference, n_params)
+
+
+def _load_model(
+    ckpt: ModelSource, tokenizer: Tokenizer, source: str, options: ExportOptions
+) -> tuple[Any, ModelSpec, np.ndarray | None]:
+    """The fp32 torch model, its spec, and for an ASCII draft head the token ids its head keeps."""
+    model, config = _load_torch_model(ckpt, options)
+    fim = _pick_fim(tokenizer, options.fim_family)
+    spec = _make_spec(config, model, tokenizer, fim, options, source)
+    if options.draft_head != "ascii":
+        return model, spec, None
+    head_ids = ascii_token_ids(tokenizer, spec.vocab_size, spec.eos_token_ids)
+    slice_head(model, _text_config(model.config), head_ids)
+    log.info("draft head: %d of %d tokens (ASCII and added tokens)", head_ids.size, spec.vocab_size)
+    return model, replace(spec, head_ids_file=HEAD_IDS_FILE), head_ids
+
+
+def _trace_graphs(
+    model: Any, spec: ModelSpec, tmp: Path, options: ExportOptions, fusions: str | None, progress: Progress
+) -> tuple[ModelSpec, str | None]:
+    """Trace ``model`` into ``tmp``: the fused graph when ``fusions`` (the plain one where that
+    fails), plus the dynamic-batch graph for ``batch_graph``. Returns the spec and the fusions used."""
+    tmp_onnx = tmp / ONNX_FILE
+    if fusions is not None:
+        try:
+            _trace_fused(model, spec, tmp_onnx, options, fusions)
+        except Exception as exc:  # transformers' exporter is young: fall back to the plain graph
+            log.warning("fused export (ort_fusions=%s) failed, exporting the plain graph: %s", fusions, exc)
+            for f in tmp.iterdir():
+                f.unlink()
+            fusions = None
+        else:
+            if options.batch_graph:
+                progress("tracing the dynamic-batch graph", 0.45)
+                _trace(model, spec, tmp / BATCH_ONNX_FILE, options)
+                spec = replace(spec, batch_onnx_file=BATCH_ONNX_FILE)
+            return spec, fusions
+    _trace(model, spec, tmp_onnx, options)
+    return spec, None
+
+
+def _share_checkpoint_weights(ckpt: ModelSource, out_dir: Path, graphs: list[str]) -> dict[str, Any]:
+    """Copy the checkpoint's safetensors (and config files) beside ``graphs`` and make the graphs
+    read their weights from it; returns what ``share_weights`` did per graph, for the report."""
+    from specls.models.weight_sharing import share_weights  # it imports ExportError from here
+
+    for name in (SAFETENSORS_FILE, *HF_FILES):
+        src, dst = ckpt.dir / name, out_dir / name
+        if src.is_file() and not (dst.exists() and dst.samefile(src)):
+            shutil.copyfile(src, dst)
     shared: dict[str, Any] = {}
-    if options.share_weights:
-        progress("sharing the weights with model.safetensors", 0.55)
-        for name in (SAFETENSORS_FILE, *HF_FILES):
-            src, dst = ckpt.dir / name, out_dir / name
-            if src.is_file() and not (dst.exists() and dst.samefile(src)):
-                shutil.copyfile(src, dst)
-        for graph in graphs:
-            r = share_weights(out_dir / graph, out_dir / SAFETENSORS_FILE)
-            shared[graph] = {
-                "externalized": len(r.expressions),
-                "unmatched": list(r.unmatched),
-                "bytes": [r.bytes_before, r.bytes_after],
-            }
+    for graph in graphs:
+        r = share_weights(out_dir / graph, out_dir / SAFETENSORS_FILE)
+        shared[graph] = {
+            "externalized": len(r.expressions),
+            "unmatched": list(r.unmatched),
+            "bytes": [r.bytes_before, r.bytes_after],
+        }
+    return shared
+
+
+def _add_inputs(out_dir: Path, spec: ModelSpec, graphs: list[str]) -> ModelSpec:
+    """Add ``logits_to_keep`` to every graph (or none) and the shared KV buffer to the main one."""
     if graphs and all(add_logits_to_keep(out_dir / g, spec.logits_name, check_only=True) for g in graphs):
         for g in graphs:  # every graph or none: specls.json names one set of inputs
             add_logits_to_keep(out_dir / g, spec.logits_name)
         spec = replace(spec, input_names=(*spec.input_names, LOGITS_TO_KEEP))
     if share_kv_buffer(out_dir / spec.onnx_file, spec):  # the batch graph keeps its own pasts
         spec = replace(spec, shared_kv_buffer=True)
+    return spec
 
-    report: dict[str, Any] = {
-        "source": source,
-        "ort_fusions": fusions or "none",
-        "options": asdict(options),
-        "quantize": quant_mode,
-    }
-    if shared:
-        report["shared_weights"] = shared
 
-    def fail(message: str) -> ExportError:
-        report["export_s"] = round(time.perf_counter() - t0, 2)
-        report["failed"] = message
-        (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
-        return ExportError(message)
-
-    if reference is not None:
-        progress("verifying ONNX Runtime vs torch", 0.6)
-        for graph in graphs:
-            result = verify_export(reference, out_dir, spec, options, onnx_file=graph)
-            report["verify" if graph == spec.onnx_file else "verify_batch"] = asdict(result)
-            tol = result.tolerance
-            log.info("verify %s: max abs diff %s (tolerance %g)", graph, result.max_abs_diff, tol)
-            if result.worst > tol or not np.isfinite(result.worst):
-                raise fail(
-                    f"{out_dir / graph}: ONNX Runtime logits differ from torch by {result.worst:.3g} "
-                    f"(tolerance {tol:g}); per check: {result.max_abs_diff}. {SPEC_FILE} was not kept; "
-                    f"re-export with a larger --tolerance (or --no-verify) to accept this graph"
-                )
-        _log_memory("verified against torch")
-    if quant is not None:
-        _quantize_dir(out_dir, spec, graphs, quant, options, report, progress, fail)
+def _fail(out_dir: Path, report: dict[str, Any], t0: float, message: str) -> ExportError:
+    """Record a failed export in ``export.json`` (what the user reads) and return its error."""
     report["export_s"] = round(time.perf_counter() - t0, 2)
+    report["failed"] = message
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    spec.write(out_dir)  # last: the directory is loadable only now
-    _log_memory("done")
-    progress("done", 1.0)
-    return out_dir
+    return ExportError(message)
+
+
+def _verify_graphs(
+    reference: TorchReference,
+    out_dir: Path,
+    spec: ModelSpec,
+    graphs: list[str],
+    options: ExportOptions,
+    report: dict[str, Any],
+    fail: Callable[[str], ExportError],
+) -> None:
+    """Check each graph's ONNX Runtime logits against torch's; raises through ``fail`` past the
+    tolerance."""
+    for graph in graphs:
+        result = verify_export(reference, out_dir, spec, options, onnx_file=graph)
+        report["verify" if graph == spec.onnx_file else "verify_batch"] = asdict(result)
+        tol = result.tolerance
+        log.info("verify %s: max abs diff %s (tolerance %g)", graph, result.max_abs_diff, tol)
+        if result.worst > tol or not np.isfinite(result.worst):
+            raise fail(
+                f"{out_dir / graph}: ONNX Runtime logits differ from torch by {result.worst:.3g} "
+                f"(tolerance {tol:g}); per check: {result.max_abs_diff}. {SPEC_FILE} was not kept; "
+                f"re-export with a larger --tolerance (or --no-verify) to accept this graph"
+            )
+    _log_memory("verified against torch")
 
 
 # "auto" quantizes only models with at least this many weights: below it int4 saves a few MB and
@@ -908,363 +987,6 @@ def verify_export(
     return VerifyResult(max_abs_diff=diffs, argmax_agree=agree, tolerance=tol)
 
 
-# ---------------------------------------------------------------------------------------------
-# One copy of the weights: graphs read their initializers from the HF model.safetensors
-# ---------------------------------------------------------------------------------------------
-
-# safetensors dtype -> numpy dtype name and ONNX TensorProto data type (BF16 is read as raw uint16)
-_ST_DTYPES: dict[str, tuple[str, int]] = {
-    "F32": ("float32", 1),
-    "F16": ("float16", 10),
-    "BF16": ("uint16", 16),
-}
-# ONNX data type -> numpy dtype name for the initializers we try to match
-_ONNX_FLOATS: dict[int, str] = {1: "float32", 10: "float16"}
-_PROTOBUF_LIMIT = 1_800_000_000
-
-
-@dataclass(frozen=True)
-class SafetensorsEntry:
-    """One tensor of a safetensors file: where its bytes are (absolute file offset)."""
-
-    name: str
-    dtype: str  # safetensors dtype: "F16" | "F32" | "BF16" | ...
-    shape: tuple[int, ...]
-    offset: int  # 8 + header length + data_offsets[0]
-    length: int  # data_offsets[1] - data_offsets[0]
-
-
-@dataclass(frozen=True)
-class ShareReport:
-    """What ``share_weights`` did to one graph: each externalized initializer with its expression
-    (e.g. ``concat0(q.weight, k.weight).T``), the float initializers of at least ``min_elements``
-    elements left inline (no exact match), and the graph file's size before/after."""
-
-    graph: str
-    expressions: dict[str, str] = field(default_factory=dict)
-    unmatched: tuple[str, ...] = ()
-    bytes_before: int = 0
-    bytes_after: int = 0
-
-
-def read_safetensors_index(path: Path) -> dict[str, SafetensorsEntry]:
-    """The tensors of a safetensors file (header only). Raises ExportError on a malformed file."""
-    import struct
-
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise ExportError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n <= 0 or 8 + n > size or n > 100_000_000:
-                raise ExportError(f"{path}: not a safetensors file (header length {n}, file size {size})")
-            header = json.loads(f.read(n))
-    except OSError as exc:
-        raise ExportError(f"{path}: cannot read ({exc})") from None
-    except ValueError as exc:
-        raise ExportError(f"{path}: not a safetensors file (header is not JSON: {exc})") from None
-    if not isinstance(header, dict):
-        raise ExportError(f"{path}: not a safetensors file (header is not a JSON object)")
-    base = 8 + n
-    out: dict[str, SafetensorsEntry] = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            begin, end = (int(x) for x in meta["data_offsets"])
-            entry = SafetensorsEntry(
-                name=str(name),
-                dtype=str(meta["dtype"]),
-                shape=tuple(int(d) for d in meta["shape"]),
-                offset=base + begin,
-                length=end - begin,
-            )
-        except (KeyError, TypeError, ValueError):
-            raise ExportError(f"{path}: malformed header entry {name!r}: {meta!r}") from None
-        if entry.length < 0 or base + end > size:
-            raise ExportError(f"{path}: tensor {name!r} lies outside the file")
-        out[entry.name] = entry
-    return out
-
-
-class _HfTensors:
-    """The float tensors of a safetensors file as read-only numpy views (memory-mapped)."""
-
-    def __init__(self, path: Path, index: dict[str, SafetensorsEntry]) -> None:
-        self.index = {k: e for k, e in index.items() if e.dtype in _ST_DTYPES}
-        self._mm = np.memmap(path, dtype=np.uint8, mode="r")
-
-    def array(self, name: str) -> np.ndarray:
-        e = self.index[name]
-        raw = self._mm[e.offset : e.offset + e.length]
-        return raw.view(np.dtype(_ST_DTYPES[e.dtype][0])).reshape(e.shape)
-
-    def as_dtype(self, name: str, dtype: np.dtype, transposed: bool) -> np.ndarray:
-        """The tensor cast to ``dtype`` the way ONNX Cast does it (BF16 widened exactly)."""
-        a = self.array(name)
-        if self.index[name].dtype == "BF16":
-            a = (a.astype(np.uint32) << 16).view(np.float32)
-        a = a.T if transposed else a
-        return a.astype(dtype, copy=False)
-
-
-@dataclass(frozen=True)
-class _Expr:
-    """init = [transpose]( concat_axis0( [transpose](cast(hf_i)) ... ) )"""
-
-    parts: tuple[str, ...]
-    parts_transposed: bool
-    result_transposed: bool
-
-    def text(self) -> str:
-        parts = [f"{p}.T" if self.parts_transposed else p for p in self.parts]
-        body = parts[0] if len(parts) == 1 else f"concat0({', '.join(parts)})"
-        if self.result_transposed:
-            body = f"({body}).T" if len(parts) == 1 else f"{body}.T"
-        return body
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    """A bitwise view (so -0.0 != 0.0 and NaNs compare by payload)."""
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
-
-
-def _match(value: np.ndarray, hf: _HfTensors) -> _Expr | None:
-    """An expression over the safetensors tensors whose value equals ``value`` bit for bit, or None.
-    Tried in order: the tensor itself, its transpose, row-concatenations of tensors (or of their
-    transposes), and the transpose of such a concatenation."""
-    dtype = value.dtype
-    forms = [(False, False), (False, True)]
-    if value.ndim == 2:
-        forms += [(True, False), (True, True)]
-    for result_t, parts_t in forms:
-        if parts_t and value.ndim != 2:
-            continue
-        want = value.T if result_t else value
-        found = _split_rows(want, hf, dtype, parts_t)
-        if found is not None:
-            return _Expr(tuple(found), parts_t, result_t)
-    return None
-
-
-def _split_rows(want: np.ndarray, hf: _HfTensors, dtype: np.dtype, transposed: bool) -> list[str] | None:
-    """Names whose (transposed) tensors, concatenated on axis 0, equal ``want`` exactly (depth-first)."""
-    tail = tuple(want.shape[1:])
-    cands: list[tuple[str, int]] = []
-    for name, e in hf.index.items():
-        shape = tuple(reversed(e.shape)) if transposed else e.shape
-        if len(shape) != want.ndim or tuple(shape[1:]) != tail or shape[0] == 0 or shape[0] > want.shape[0]:
-            continue
-        if transposed and len(e.shape) != 2:
-            continue
-        cands.append((name, shape[0]))
-    if not cands:
-        return None
-    want_bits = _bits(want)
-
-    def block_equal(name: str, row: int, rows: int) -> bool:
-        got = hf.as_dtype(name, dtype, transposed)
-        # cheap first-row check before the full comparison
-        if not np.array_equal(_bits(got[:1]), want_bits[row : row + 1]):
-            return False
-        return bool(np.array_equal(_bits(got), want_bits[row : row + rows]))
-
-    def search(row: int, depth: int) -> list[str] | None:
-        if row == want.shape[0]:
-            return []
-        if depth >= 64:
-            return None
-        for name, rows in cands:
-            if row + rows <= want.shape[0] and block_equal(name, row, rows):
-                rest = search(row + rows, depth + 1)
-                if rest is not None:
-                    return [name, *rest]
-        return None
-
-    return search(0, 0)
-
-
-def _external_location(tensor: Any) -> str | None:
-    from onnx import TensorProto
-
-    if tensor.data_location != TensorProto.EXTERNAL:
-        return None
-    return next((kv.value for kv in tensor.external_data if kv.key == "location"), None)
-
-
-def share_weights(onnx_path: Path, safetensors_path: Path, min_elements: int = 256) -> ShareReport:
-    """Rewrite ``onnx_path`` in place so its large float initializers are read from
-    ``safetensors_path`` (same directory) as ONNX external data, followed by Cast / Transpose / Concat
-    nodes that ONNX Runtime constant-folds at session creation.
-
-    Every rewritten initializer is matched by value: its expression over the safetensors tensors
-    equals it bit for bit (after the cast), so the graph computes exactly what it did. Float
-    initializers with at least ``min_elements`` elements that match nothing stay inline (logged);
-    smaller ones (shape constants, norms) always stay inline. Raises ExportError on unreadable files
-    or a safetensors file outside the graph's directory.
-    """
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    from onnx.external_data_helper import load_external_data_for_tensor
-
-    onnx_path, safetensors_path = Path(onnx_path), Path(safetensors_path)
-    if not safetensors_path.is_file():
-        raise ExportError(f"{safetensors_path}: missing (share_weights needs the checkpoint's safetensors)")
-    if safetensors_path.resolve().parent != onnx_path.resolve().parent:
-        raise ExportError(
-            f"{safetensors_path}: must be in the graph's directory {onnx_path.parent} (ONNX external data "
-            "is resolved relative to the graph)"
-        )
-    index = read_safetensors_index(safetensors_path)
-    hf = _HfTensors(safetensors_path, index)
-    try:
-        before = onnx_path.stat().st_size
-        model = onnx.load(str(onnx_path), load_external_data=False)
-        # load external data except what already points into the safetensors (a re-run is a no-op)
-        old_locations: set[str] = set()
-        for t in model.graph.initializer:
-            loc = _external_location(t)
-            if loc is not None and loc != safetensors_path.name:
-                old_locations.add(loc)
-                load_external_data_for_tensor(t, str(onnx_path.parent))
-                t.data_location = TensorProto.DEFAULT
-                del t.external_data[:]
-    except Exception as exc:
-        raise ExportError(f"{onnx_path}: cannot load the ONNX graph ({type(exc).__name__}: {exc})") from None
-    g = model.graph
-
-    taken = {t.name for t in g.initializer} | {v.name for v in g.input} | {v.name for v in g.output}
-    for node in g.node:
-        taken.update(node.output)
-
-    def fresh(base: str) -> str:
-        name, i = base, 1
-        while name in taken:
-            name, i = f"{base}_{i}", i + 1
-        taken.add(name)
-        return name
-
-    new_inits: list[Any] = []
-    new_nodes: list[Any] = []
-    memo: dict[tuple[str, int, bool], str] = {}  # (hf name, onnx dtype, transposed) -> value name
-
-    def source(hf_name: str) -> str:
-        key = (hf_name, -1, False)
-        if key not in memo:
-            e = index[hf_name]
-            t = TensorProto(name=fresh(f"safetensors::{hf_name}"), data_type=_ST_DTYPES[e.dtype][1])
-            t.dims.extend(e.shape)
-            t.data_location = TensorProto.EXTERNAL
-            for k, v in (("location", safetensors_path.name), ("offset", e.offset), ("length", e.length)):
-                t.external_data.add(key=k, value=str(v))
-            new_inits.append(t)
-            memo[key] = t.name
-        return memo[key]
-
-    def value(hf_name: str, onnx_dtype: int, transposed: bool, out: str | None) -> str:
-        """hf_name cast to onnx_dtype (and transposed): an existing value, or new nodes ending in out."""
-        key = (hf_name, onnx_dtype, transposed)
-        if key in memo:
-            return memo[key]
-        if transposed:
-            src = value(hf_name, onnx_dtype, False, None)
-            name = out or fresh(f"{src}.T")
-            new_nodes.append(helper.make_node("Transpose", [src], [name], perm=[1, 0]))
-        elif _ST_DTYPES[index[hf_name].dtype][1] != onnx_dtype:
-            src = source(hf_name)
-            name = out or fresh(f"{src}.cast{onnx_dtype}")
-            new_nodes.append(helper.make_node("Cast", [src], [name], to=onnx_dtype))
-        else:
-            name = source(hf_name)
-        memo[key] = name
-        return name
-
-    report_exprs: dict[str, str] = {}
-    unmatched: list[str] = []
-    keep: list[Any] = []
-    for init in g.initializer:
-        numel = int(np.prod(init.dims)) if len(init.dims) else 1
-        if init.data_type not in _ONNX_FLOATS or numel < min_elements or _external_location(init):
-            keep.append(init)
-            continue
-        arr = numpy_helper.to_array(init)
-        expr = _match(arr, hf)
-        if expr is None:
-            unmatched.append(init.name)
-            keep.append(init)
-            continue
-        name, dt = init.name, init.data_type
-        if len(expr.parts) == 1 and not expr.result_transposed:
-            got = value(expr.parts[0], dt, expr.parts_transposed, name)
-            if got != name:  # already computed for another initializer (tied weights)
-                new_nodes.append(helper.make_node("Identity", [got], [name]))
-        else:
-            parts = [value(p, dt, expr.parts_transposed, None) for p in expr.parts]
-            if len(parts) > 1:
-                cat = name if not expr.result_transposed else fresh(f"{name}.concat")
-                new_nodes.append(helper.make_node("Concat", parts, [cat], axis=0))
-            else:
-                cat = parts[0]
-            if expr.result_transposed:
-                new_nodes.append(helper.make_node("Transpose", [cat], [name], perm=[1, 0]))
-        report_exprs[name] = expr.text()
-    for name in unmatched:
-        log.warning(
-            "%s: initializer %s matches no tensor of %s; kept inline", onnx_path, name, safetensors_path
-        )
-
-    del g.initializer[:]
-    g.initializer.extend([*new_inits, *keep])
-    nodes = [*new_nodes, *g.node]
-    del g.node[:]
-    g.node.extend(nodes)
-    if not any(op.domain in ("", "ai.onnx") for op in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("", 18))
-
-    inline = sum(t.ByteSize() for t in keep)
-    external = inline > _PROTOBUF_LIMIT  # what matched nothing still needs a .data file
-    data_name = f"{onnx_path.name}.data"
-    tmp = onnx_path.with_name(f".{onnx_path.name}.tmp")
-    try:
-        if external:
-            (onnx_path.parent / data_name).unlink(missing_ok=True)  # onnx appends to an existing one
-        onnx.save_model(
-            model,
-            str(tmp),
-            save_as_external_data=external,
-            location=data_name,
-            size_threshold=1_000_000,
-        )
-        tmp.replace(onnx_path)
-    except Exception as exc:
-        tmp.unlink(missing_ok=True)
-        raise ExportError(f"{onnx_path}: cannot write the shared-weights graph ({exc})") from None
-    for loc in old_locations - {safetensors_path.name}:
-        if not (external and loc == data_name):
-            (onnx_path.parent / loc).unlink(missing_ok=True)
-    report = ShareReport(
-        graph=onnx_path.name,
-        expressions=report_exprs,
-        unmatched=tuple(unmatched),
-        bytes_before=before,
-        bytes_after=onnx_path.stat().st_size,
-    )
-    log.info(
-        "%s: %d initializers read from %s, %d large ones inline; %d -> %d bytes",
-        onnx_path,
-        len(report_exprs),
-        safetensors_path.name,
-        len(unmatched),
-        report.bytes_before,
-        report.bytes_after,
-    )
-    return report
-
-
 def read_report(model_dir: Path) -> dict[str, Any]:
     """The export report (``export.json``) of a model dir, or {} when absent/unreadable."""
     try:
@@ -1277,13 +999,10 @@ def read_report(model_dir: Path) -> dict[str, Any]:
 __all__ = [
     "ExportError",
     "ExportOptions",
-    "ShareReport",
     "TorchReference",
     "VerifyResult",
     "export_model",
     "read_report",
-    "read_safetensors_index",
     "resolve_quantize",
-    "share_weights",
     "SPEC_FILE",
 ]

@@ -11,14 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from specls.models.export import (
-    ExportError,
-    ExportOptions,
-    export_model,
-    read_safetensors_index,
-    share_weights,
-)
+from specls.models.export import ExportError, ExportOptions, export_model
 from specls.models.spec import ModelSpec, load_spec
+from specls.models.weight_sharing import read_safetensors_index, share_weights
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED = REPO / "models" / "bundled"
