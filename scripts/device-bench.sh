@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The one command of a GPU device run of `specls bench gpu` (issue 7). Run from the repo root on the
-# device machine; extra arguments go to both bench runs. Results land in $OUT (fetched back by the tool):
+# The one command of a GPU device run of the GPU lab bench (bench/lab/gpu: `python -m bench.lab.gpu`).
+# Run from the repo root on the device machine; extra arguments go to both bench runs. Results land
+# in $OUT (fetched back by the tool):
 #   results-<date>-<gpu>-torch.{json,md}   random-weight Qwen2.5-Coder-1.5B/0.5B shapes in torch fp16 on CUDA
 #   results-<date>-<gpu>-ort.{json,md}     the same pair exported to ONNX fp16, specls runtime, CUDA EP
 #   device-bench.log                        everything printed
-# then copy them into bench/ and commit (see bench/README.md).
+# then copy them into bench/results/ and commit (see bench/README.md).
 #
 # Stages (whole thing sized for < 8 minutes on an H200; measured CPU dry-run numbers in bench/README.md):
 #   1. install carried wheels (.whl/*.whl, and split wheels reassembled from .whl-p*/ parts)
 #   2. make `specls` importable without installing it (symlink tree; the device image has no pygls, and
-#      `python -m specls.bench.gpu` needs none of the CLI)
+#      `python -m bench.lab.gpu`, run from the repo root, needs none of the CLI)
 #   3. torch backend (no export, needs no extra wheel): T(N), c, predictions, real loop  [TORCH_LIMIT s]
 #   4. ORT backend with the CUDA EP, reusing stage 3's checkpoints: export fp16, load, the same numbers
 #      [ORT_LIMIT s]; skipped when onnxruntime there has no CUDAExecutionProvider
@@ -125,7 +126,7 @@ rc_ort=0
 
 # 3. torch backend -------------------------------------------------------------------------------------------
 stamp "stage 3: torch backend (limit ${TORCH_LIMIT}s)"
-timeout "$TORCH_LIMIT" "$PY" -m specls.bench.gpu -v --backend torch "${cuda_flag[@]}" --work "$WORK" --reuse \
+timeout "$TORCH_LIMIT" "$PY" -m bench.lab.gpu -v --backend torch "${cuda_flag[@]}" --work "$WORK" --reuse \
     --out "$OUT" "$@" || rc_torch=$?
 stamp "stage 3 exit $rc_torch"
 
@@ -133,7 +134,7 @@ stamp "stage 3 exit $rc_torch"
 if "$PY" -c "import sys, onnxruntime as o; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" \
     || [ "${ORT_WITHOUT_CUDA:-0}" = "1" ]; then
     stamp "stage 4: ORT backend (limit ${ORT_LIMIT}s)"
-    timeout "$ORT_LIMIT" "$PY" -m specls.bench.gpu -v --backend ort "${cuda_flag[@]}" --work "$WORK" --reuse \
+    timeout "$ORT_LIMIT" "$PY" -m bench.lab.gpu -v --backend ort "${cuda_flag[@]}" --work "$WORK" --reuse \
         --out "$OUT" "$@" || rc_ort=$?
     stamp "stage 4 exit $rc_ort"
 else

@@ -1,4 +1,4 @@
-"""``specls bench fim``: which prompt layout keeps a model's fill-in-the-middle quality, and what each
+"""``python -m bench.lab.fim`` (from the repository root): which prompt layout keeps a model's fill-in-the-middle quality, and what each
 costs a keystroke.
 
 A PSM model (Qwen2.5-Coder: ``<fim_prefix> prefix <fim_suffix> suffix <fim_middle>``) puts the suffix
@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -119,11 +120,12 @@ def tokens_after_cursor(prompt: list[int], order: str | None, suffix_id: int) ->
 
 
 def run_bench(opt: FimBenchOptions, out: Any = sys.stdout) -> int:
-    from specls.api import EngineError
     from specls.decoder.api import DecodeSettings
     from specls.decoder.loop import generate
     from specls.decoder.ngram import common_prefix_len
     from specls.decoder.text import TextStop
+
+    from specls.api import EngineError
     from specls.engine import EngineSettings, OnnxEngine
     from specls.prompt import PromptBudget, PromptBuilder, visible_text
 
@@ -132,16 +134,16 @@ def run_bench(opt: FimBenchOptions, out: Any = sys.stdout) -> int:
     try:
         loader.load()
     except EngineError as exc:
-        say(f"specls bench fim: {exc}\n")
+        say(f"bench.lab.fim: {exc}\n")
         return 2
     models = loader.models
     fim = models.fim
     if fim is None:
-        say("specls bench fim: the model has no FIM template; nothing to compare\n")
+        say("bench.lab.fim: the model has no FIM template; nothing to compare\n")
         return 2
     points = make_points(source_files(opt.files), opt.n, opt.seed)
     if not points:
-        say("specls bench fim: no usable source files\n")
+        say("bench.lab.fim: no usable source files\n")
         return 2
     scores: list[tuple[PromptBuilder, LayoutScore]] = []
     for layout in layouts(fim.order, opt.suffix_windows):
@@ -196,9 +198,13 @@ def render(rows: list[dict[str, object]], opt: FimBenchOptions) -> str:
     return head + body
 
 
-def register(sub: Any) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (``python -m bench.lab.fim``); ``func`` is ``run``."""
     d = FimBenchOptions
-    p = sub.add_parser("fim", help="FIM layouts (PSM suffix windows, SPM, prefix-only): exact match vs cost")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.lab.fim",
+        description="FIM layouts (PSM suffix windows, SPM, prefix-only): exact match vs cost",
+    )
     p.add_argument("--model", metavar="DIR", help="target model dir (default: bundled)")
     p.add_argument("--files", default=None, help="glob of source files (default: held-out stdlib tests)")
     p.add_argument("--n", type=int, default=d.n, help="held-out lines")
@@ -212,6 +218,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--json", dest="json_out", default=None, help="save the numbers as JSON")
     p.set_defaults(func=run)
+    return p
 
 
 def options_from_args(args: argparse.Namespace) -> FimBenchOptions:
@@ -219,9 +226,9 @@ def options_from_args(args: argparse.Namespace) -> FimBenchOptions:
         windows = int_list(args.suffix_windows)
     except ValueError:
         bad = f"--suffix-windows must be integers (got {args.suffix_windows!r})"
-        raise SystemExit(f"specls bench fim: {bad}") from None
+        raise SystemExit(f"bench.lab.fim: {bad}") from None
     if not windows or min(windows) < 0 or args.n < 1 or args.prefix_tokens < 1:
-        raise SystemExit("specls bench fim: --n, --prefix-tokens and --suffix-windows must be positive")
+        raise SystemExit("bench.lab.fim: --n, --prefix-tokens and --suffix-windows must be positive")
     return FimBenchOptions(
         model=args.model,
         files=args.files,
@@ -236,3 +243,11 @@ def options_from_args(args: argparse.Namespace) -> FimBenchOptions:
 
 def run(args: argparse.Namespace) -> int:
     return run_bench(options_from_args(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``specls bench quant``: which quantization to ship, measured in one run against the fp32 export.
+"""``python -m bench.lab.quant`` (from the repository root): which quantization to ship, measured in one run against the fp32 export.
 
 Given an fp32 model dir (``specls export --quantize none``), every variant of a grid -- block size
 x ``accuracy_level`` of int4 ``MatMulNBits``, the embedding table kept vs quantized at one point of
@@ -139,12 +139,13 @@ class Row:
     decoded: list[int] = field(default_factory=list)
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "quant",
-        help="int4 settings sweep (block size x accuracy_level, embedding) against an fp32 export",
-        description="Quantize an fp32 export into each variant and print size, load time, prefill, "
-        "keystroke prefill, decode speed and agreement with fp32, side by side.",
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options (``python -m bench.lab.quant``); ``func`` is ``run``."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.lab.quant",
+        description="int4 settings sweep (block size x accuracy_level, embedding) against an fp32 export: "
+        "quantize it into each variant and print size, load time, prefill, keystroke prefill, decode "
+        "speed and agreement with fp32, side by side.",
     )
     p.add_argument("--fp32", required=True, type=Path, help="fp32 model dir (specls export --quantize none)")
     p.add_argument("--blocks", default=",".join(map(str, BLOCKS)), help="block sizes (comma-separated)")
@@ -177,6 +178,7 @@ def register(sub: Any) -> None:
     p.add_argument("--scratch", type=Path, default=None, help="where variant dirs are written and deleted")
     p.add_argument("--json", dest="json_out", type=Path, default=None, help="save every number as JSON")
     p.set_defaults(func=run)
+    return p
 
 
 def options_from_args(args: argparse.Namespace) -> QuantBenchOptions:
@@ -210,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = run_bench(opt, progress=lambda m: print(m, file=sys.stderr, flush=True))
     except (QuantizeError, ModelLoadError, ValueError) as exc:
-        print(f"specls bench quant: {exc}", file=sys.stderr)
+        print(f"bench.lab.quant: {exc}", file=sys.stderr)
         return 1
     print(format_table(rows, opt))
     return 0
@@ -537,3 +539,14 @@ def format_table(rows: Sequence[Row], o: QuantBenchOptions) -> str:
     ]
     lines += [format_row(r, extra_threads is not None) for r in rows]
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

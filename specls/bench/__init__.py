@@ -1,7 +1,8 @@
-"""``specls bench [decode|lsp|team|gpu|real|quant|fim]``: benchmarks that print ratios from one run.
+"""``specls bench [decode|lsp|real|team]``: the benchmarks a user runs on their own machine.
 
 Each kind lives in its own module defining ``register(subparsers)``; ``specls bench`` alone runs
-``decode``."""
+``decode``. Research-only benchmarks (GPU pass costs, quantization sweeps, FIM layouts) live in the
+repository's bench/lab/ and are not shipped."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def int_list(text: object) -> tuple[int, ...]:
     return tuple(int(x) for x in str(text).split(",") if x.strip())
 
 
-_KINDS = ("decode", "lsp", "team", "gpu", "real", "quant", "fim")
+_KINDS = ("decode", "lsp", "real", "team")
 
 
 def register(sub: Any) -> None:

@@ -1,4 +1,4 @@
-"""`specls bench fim`: the layout grid, the line task and its scoring (doctests and tables), and one
+"""bench/lab/fim.py (`python -m bench.lab.fim`): the layout grid, the line task and its scoring (doctests and tables), and one
 small run on the bundled model whose numbers must add up."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import io
 
 import pytest
 
-from specls.bench import fim
+from bench.lab import fim
+from bench.lab.fim import FimBenchOptions, exact, layouts, line_task, run_bench, tokens_after_cursor
 from specls.bench.decode import Point
-from specls.bench.fim import FimBenchOptions, exact, layouts, line_task, run_bench, tokens_after_cursor
 
 
 def test_doctests() -> None:

@@ -1,4 +1,4 @@
-"""`specls bench gpu`: the cost model, the forced-acceptance drafter, and the small-shape path end to end
+"""bench/lab/gpu (`python -m bench.lab.gpu`): the cost model, the forced-acceptance drafter, and the small-shape path end to end
 (random-weight pair built, exported, loaded, timed, predicted, real loop == plain greedy)."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import pytest
 import torch
 from specls.decoder.api import DecodeSettings
 from specls.decoder.loop import generate
-from specls.decoder.testing import FakeLM, FakeLMConfig
 
-from specls.bench import gpu
-from specls.bench.gpu import (
+from bench.lab import gpu
+from bench.lab.gpu import (
     BenchError,
     ForcedDrafter,
     GpuBenchSettings,
@@ -27,6 +26,7 @@ from specls.bench.gpu import (
     load_acceptance,
     predicted_speedup,
 )
+from tests.decoder.fakes import FakeLM, FakeLMConfig
 
 torch.set_num_threads(1)
 
@@ -176,9 +176,7 @@ def test_forced_drafter_keeps_greedy_output_and_hits_its_rate(alpha: float) -> N
     ref = lm.greedy(prompt, n)
     drafter = ForcedDrafter(prompt, ref, alpha, 64, seed=5)
     gamma = 4
-    settings = DecodeSettings(
-        max_new_tokens=n, gamma=gamma, gamma_min=gamma, gamma_max=gamma, adaptive_gamma=False
-    )
+    settings = DecodeSettings(max_new_tokens=n, draft_length=gamma)
     res = generate(lm.new_cache(), prompt, drafter, settings, frozenset())
     assert res.tokens == ref
     stats = res.per_drafter["lookup"]
@@ -199,7 +197,7 @@ def test_forced_drafter_pays_for_the_draft_model() -> None:
     ref = target.greedy(prompt, 40)
     drafter = ForcedDrafter(prompt, ref, 0.7, 64, seed=1, draft_lm=draft)
     drafter.prime(prompt)
-    settings = DecodeSettings(max_new_tokens=40, gamma=3, gamma_min=3, gamma_max=3, adaptive_gamma=False)
+    settings = DecodeSettings(max_new_tokens=40, draft_length=3)
     before = draft.counter.calls
     res = generate(target.new_cache(), prompt, drafter, settings, frozenset())
     assert res.tokens == ref
@@ -252,35 +250,27 @@ def test_bad_settings_are_clear_errors() -> None:
 def test_cli_reports_bad_input_without_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specls.cli import main
-
-    assert main(["bench", "gpu", "--acceptance", str(tmp_path / "missing.json")]) == 2
+    assert gpu.main(["--acceptance", str(tmp_path / "missing.json")]) == 2
     assert "unreadable acceptance JSON" in capsys.readouterr().err
-    assert main(["bench", "gpu", "--shape", "small", "--ns", "2,4"]) == 2
+    assert gpu.main(["--shape", "small", "--ns", "2,4"]) == 2
     assert "must hold 1" in capsys.readouterr().err
 
 
 def test_cli_acceptance_file_sets_the_rates(tmp_path: Path) -> None:
-    from specls.cli import build_parser
-
     f = tmp_path / "acc.json"
     f.write_text(json.dumps({"lookup": [0.4, 0.65]}))
-    s = gpu.settings_from_args(build_parser().parse_args(["bench", "gpu", "--acceptance", str(f)]))
+    s = gpu.settings_from_args(gpu.build_parser().parse_args(["--acceptance", str(f)]))
     assert s.alpha_map() == {"lookup": (0.4, 0.65), "draft": gpu.DEFAULT_ALPHAS["draft"]}
     assert str(f) in s.alpha_source
 
 
 def test_cli_registers_and_parses_the_small_shape() -> None:
-    from specls.cli import build_parser
-
-    args = build_parser().parse_args(
-        ["bench", "gpu", "--shape", "small", "--ns", "1,2,8", "--alphas", "0.5,0.9"]
-    )
+    args = gpu.build_parser().parse_args(["--shape", "small", "--ns", "1,2,8", "--alphas", "0.5,0.9"])
     assert args.func is gpu.run_command
     s = gpu.settings_from_args(args)
     assert s.target == gpu.SMALL_TARGET and s.draft == gpu.SMALL_DRAFT
     assert s.ns == (1, 2, 8) and s.alpha_map() == {"lookup": (0.5, 0.9), "draft": (0.5, 0.9)}
-    full = gpu.settings_from_args(build_parser().parse_args(["bench", "gpu"]))
+    full = gpu.settings_from_args(gpu.build_parser().parse_args([]))
     assert full.target.hidden == 1536 and full.target.layers == 28 and full.target.vocab == 151936
     assert full.draft.hidden == 896 and full.draft.layers == 24 and full.past_lengths == (512, 2048)
 
@@ -333,12 +323,10 @@ def test_batching_speedup_and_its_table() -> None:
 def test_small_shape_run_reports_batched_passes(tmp_path: Path) -> None:
     """`--shape small` on the torch backend: the batched table has a positive ms and speedup for every
     (B, N) in B = 1, 2, 4, 8 and N = 1, 6, at the preset's smallest past length."""
-    from specls.cli import main
-
     out = tmp_path / "out"
-    rc = main(
+    rc = gpu.main(
         [
-            "bench", "gpu", "--shape", "small", "--backend", "torch", "--provider", "cpu", "--no-loop",
+            "--shape", "small", "--backend", "torch", "--provider", "cpu", "--no-loop",
             "--warmup", "1", "--repeats", "2", "--out", str(out),
         ]
     )  # fmt: skip
@@ -391,12 +379,10 @@ def _check_report(report: gpu.GpuBenchReport, settings: GpuBenchSettings) -> Non
 
 
 def test_end_to_end_torch_backend_through_the_cli(tmp_path: Path) -> None:
-    from specls.cli import main
-
     out = tmp_path / "out"
-    rc = main(
+    rc = gpu.main(
         [
-            "bench", "gpu", "--shape", "small", "--backend", "torch", "--provider", "cpu",
+            "--shape", "small", "--backend", "torch", "--provider", "cpu",
             "--target-dims", "32,1,2,1,64", "--draft-dims", "16,1,2,1,32", "--vocab", "300",
             "--past-lengths", "8,24", "--ns", "1,2,4", "--warmup", "0", "--repeats", "1",
             "--gen-tokens", "12", "--loop-alphas", "0.6", "--loop-repeats", "1", "--out", str(out),
@@ -410,7 +396,7 @@ def test_end_to_end_torch_backend_through_the_cli(tmp_path: Path) -> None:
     assert set(data["target_ms"]) == {"8", "24"} and set(data["target_ms"]["8"]) == {"1", "2", "4"}
     assert data["verify_curve"]["24"]["1"] == 1.0
     assert all(m["matches_greedy"] for m in data["loop"]) and len(data["loop"]) == 2
-    assert (out / files[1]).read_text().startswith("# specls bench gpu")
+    assert (out / files[1]).read_text().startswith("# bench.lab.gpu")
     # the batched sweep ran at the smallest past length with the default B and N
     assert data["batch_past_length"] == 8 and data["batched_error"] is None
     assert set(data["batched_ms"]) == {"1", "2", "4", "8"}
@@ -451,7 +437,7 @@ def test_end_to_end_torch_then_ort_reusing_the_checkpoints(tmp_path: Path) -> No
     ref = gpu.greedy_reference(lm, prompt, 12)
     torch_lm = gpu.TorchCausalLM(work / "target-ckpt", "cpu", "fp32")
     assert gpu.greedy_reference(torch_lm, prompt, 12) == ref
-    res = generate(lm.new_cache(), prompt, None, DecodeSettings(max_new_tokens=12, gamma=0), frozenset())
+    res = generate(lm.new_cache(), prompt, None, DecodeSettings(max_new_tokens=12, draft_length=0), frozenset())
     assert res.tokens == ref
     js, md = gpu.write_report(report, tmp_path / "out")
     assert js.name.endswith("-ort.json") and md.name.endswith("-ort.md")

@@ -1,4 +1,4 @@
-"""``specls bench quant``: the variant grid, the table, the accuracy_level rewrite (equal to quantizing
+"""bench/lab/quant.py (`python -m bench.lab.quant`): the variant grid, the table, the accuracy_level rewrite (equal to quantizing
 at that level), and one small sweep end to end on a tiny exported Qwen2 checkpoint."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from specls.bench.quant import (
+from bench.lab.quant import (
     QuantBenchOptions,
     Row,
     Variant,

@@ -1,4 +1,4 @@
-"""scripts/policy_replay.py on the bundled pair: ``collect`` records what the real engine decodes,
+"""bench/scripts/policy_replay.py on the bundled pair: ``collect`` records what the real engine decodes,
 ``replay`` runs the engine on oracle models built from those records and must reproduce it (its own
 assertions: same prompt, output on the greedy path), and the cost model's pieces by table."""
 
@@ -14,7 +14,7 @@ import pytest
 from specls.decoder.policy import PassCosts
 from specls.models.loader import bundled_dir
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "policy_replay.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "policy_replay.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""``specls bench gpu``: what speculative decoding buys on a GPU, predicted from measured pass costs and
+"""``python -m bench.lab.gpu`` (run from the repository root): what speculative decoding buys on a GPU, predicted from measured pass costs and
 checked against the real decode loop.
 
 1. Builds random-weight target and draft models with transformers at real shapes (default: the shapes
@@ -19,8 +19,8 @@ checked against the real decode loop.
    also pays for the draft model's steps; measured speedup over plain greedy vs the prediction, and
    the loop's tokens must equal plain greedy.
 
-``python -m specls.bench.gpu ...`` runs the same command without the rest of the CLI (the device machine
-has no pygls).
+A lab benchmark, not part of the wheel: it needs nothing of specls' CLI, so it runs where pygls is
+absent (the device image); ``scripts/device-bench.sh`` is its one command on a GPU machine.
 
 Modules: ``shapes`` (model shapes, presets, settings), ``checkpoints`` (random-weight checkpoints,
 reuse stamps), ``backends`` (torch / ONNX runtime pair), ``timing`` (pass timing), ``predict`` (the
@@ -30,7 +30,7 @@ cost model), ``loop`` (the forced-acceptance real loop), ``report`` (tables, JSO
 
 from __future__ import annotations
 
-from specls.bench.gpu.backends import (
+from bench.lab.gpu.backends import (
     TorchBatchCache,
     TorchCache,
     TorchCausalLM,
@@ -40,10 +40,10 @@ from specls.bench.gpu.backends import (
     provider_of,
     resolve_provider,
 )
-from specls.bench.gpu.checkpoints import STAMP, build_checkpoint, export_facts, write_tokenizer
-from specls.bench.gpu.cli import add_arguments, main, register, run_command, settings_from_args
-from specls.bench.gpu.loop import ForcedDrafter, greedy_reference, run_loop
-from specls.bench.gpu.predict import (
+from bench.lab.gpu.checkpoints import STAMP, build_checkpoint, export_facts, write_tokenizer
+from bench.lab.gpu.cli import add_arguments, build_parser, main, run_command, settings_from_args
+from bench.lab.gpu.loop import ForcedDrafter, greedy_reference, run_loop
+from bench.lab.gpu.predict import (
     alpha_from_counts,
     best_gamma,
     expected_tokens,
@@ -52,7 +52,7 @@ from specls.bench.gpu.predict import (
     predicted_speedup,
     predicted_speedup_with_overhead,
 )
-from specls.bench.gpu.report import (
+from bench.lab.gpu.report import (
     GpuBenchReport,
     LoopMeasurement,
     Prediction,
@@ -60,8 +60,8 @@ from specls.bench.gpu.report import (
     slug,
     write_report,
 )
-from specls.bench.gpu.run import run_bench
-from specls.bench.gpu.shapes import (
+from bench.lab.gpu.run import run_bench
+from bench.lab.gpu.shapes import (
     DEFAULT_ALPHAS,
     METHODS,
     QWEN25_CODER_0_5B,
@@ -76,7 +76,7 @@ from specls.bench.gpu.shapes import (
     ShapePreset,
     validate_settings,
 )
-from specls.bench.gpu.timing import PassTimes, time_batched_passes, time_passes
+from bench.lab.gpu.timing import PassTimes, time_batched_passes, time_passes
 
 __all__ = [
     "DEFAULT_ALPHAS",
@@ -103,6 +103,7 @@ __all__ = [
     "add_arguments",
     "alpha_from_counts",
     "best_gamma",
+    "build_parser",
     "build_checkpoint",
     "expected_tokens",
     "export_facts",
@@ -116,7 +117,6 @@ __all__ = [
     "predicted_speedup",
     "predicted_speedup_with_overhead",
     "provider_of",
-    "register",
     "render_markdown",
     "resolve_provider",
     "run_bench",

@@ -1,10 +1,10 @@
-"""``python -m specls.bench.gpu``: the benchmark without the rest of the CLI (the device image has no pygls)."""
+"""``python -m bench.lab.gpu`` from the repository root."""
 
 from __future__ import annotations
 
 import sys
 
-from specls.bench.gpu.cli import main
+from bench.lab.gpu.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from specls.bench.gpu.checkpoints import STAMP, build_checkpoint, build_stamp, export_options, reusable
-from specls.bench.gpu.shapes import BenchError, GpuBenchSettings
-from specls.bench.gpu.timing import phase
 from specls.decoder.api import CausalLM, KVCache
+
+from bench.lab.gpu.checkpoints import STAMP, build_checkpoint, build_stamp, export_options, reusable
+from bench.lab.gpu.shapes import BenchError, GpuBenchSettings
+from bench.lab.gpu.timing import phase
 
 log = logging.getLogger(__name__)
 

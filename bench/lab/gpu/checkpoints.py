@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from specls.bench.gpu.shapes import SPECIAL_TOKENS, BenchError, GpuBenchSettings, ModelShape
+from bench.lab.gpu.shapes import SPECIAL_TOKENS, BenchError, GpuBenchSettings, ModelShape
 
 
 def write_tokenizer(out_dir: Path, vocab_size: int) -> Path:

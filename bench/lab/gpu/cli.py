@@ -1,4 +1,4 @@
-"""``specls bench gpu`` / ``python -m specls.bench.gpu``: options, settings from them, and the command."""
+"""``python -m bench.lab.gpu``: options, settings from them, and the command."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from bench.lab.gpu.predict import load_acceptance
+from bench.lab.gpu.report import render_markdown, write_report
+from bench.lab.gpu.run import run_bench
+from bench.lab.gpu.shapes import DEFAULT_ALPHAS, METHODS, SHAPES, BenchError, GpuBenchSettings
 from specls.api import EngineError
-from specls.bench.gpu.predict import load_acceptance
-from specls.bench.gpu.report import render_markdown, write_report
-from specls.bench.gpu.run import run_bench
-from specls.bench.gpu.shapes import DEFAULT_ALPHAS, METHODS, SHAPES, BenchError, GpuBenchSettings
 
 DESCRIPTION = (
-    "``specls bench gpu``: what speculative decoding buys on a GPU, predicted from measured pass costs and"
+    "What speculative decoding buys on a GPU, predicted from measured pass costs and checked against "
+    "the real decode loop."
 )
 
 
@@ -186,7 +186,7 @@ def run_command(args: argparse.Namespace) -> int:
             ),
         )
     except (BenchError, EngineError) as exc:  # EngineError: export/load failures, with their reason
-        print(f"specls bench gpu: {exc}", file=sys.stderr)
+        print(f"bench.lab.gpu: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -198,21 +198,21 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"total {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     ok = report.greedy_matches and all(m.matches_greedy for m in report.loop)
     if not ok:
-        print("specls bench gpu: the loop's output differs from plain greedy", file=sys.stderr)
+        print("bench.lab.gpu: the loop's output differs from plain greedy", file=sys.stderr)
     return 0 if ok else 1
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser("gpu", help="GPU pass costs, predicted vs measured speculative speedup")
-    add_arguments(p)
-    p.set_defaults(func=run_command)
+def build_parser() -> argparse.ArgumentParser:
+    """The command's options; ``func`` is ``run_command``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.lab.gpu", description=DESCRIPTION)
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    add_arguments(parser)
+    parser.set_defaults(func=run_command)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specls.bench.gpu", description=DESCRIPTION)
-    parser.add_argument("-v", "--verbose", action="count", default=0)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),
         stream=sys.stderr,

@@ -8,16 +8,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
 
-from specls.bench.gpu.predict import (
+from bench.lab.gpu.predict import (
     alpha_from_counts,
     best_gamma,
     predicted_speedup,
     predicted_speedup_with_overhead,
 )
-from specls.bench.gpu.report import GpuBenchReport, LoopMeasurement
-from specls.bench.gpu.shapes import METHODS, GpuBenchSettings
-from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
+from bench.lab.gpu.report import GpuBenchReport, LoopMeasurement
+from bench.lab.gpu.shapes import METHODS, GpuBenchSettings
 
 
 def greedy_reference(lm: CausalLM, prompt: Sequence[int], n: int) -> list[int]:
@@ -116,13 +116,7 @@ def run_loop(
     curve, c = report.target_ms[L], report.c[L]
 
     def run(drafter: ForcedDrafter | None, gamma: int) -> tuple[list[int], float, Any]:
-        decode = DecodeSettings(
-            max_new_tokens=n,
-            gamma=gamma,
-            gamma_min=max(gamma, 1),
-            gamma_max=max(gamma, 1),
-            adaptive_gamma=False,
-        )
+        decode = DecodeSettings(max_new_tokens=n, draft_length=gamma)
         cache = target.new_cache()
         if drafter is not None:
             drafter.prime(prompt)

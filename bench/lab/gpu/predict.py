@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from specls.bench.gpu.shapes import METHODS, BenchError
+from bench.lab.gpu.shapes import METHODS, BenchError
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specls.bench.gpu.shapes import METHODS
+from bench.lab.gpu.shapes import METHODS
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class GpuBenchReport:
 
 def render_markdown(r: GpuBenchReport) -> str:
     lines = [
-        f"# specls bench gpu — {r.gpu}, {r.date}",
+        f"# bench.lab.gpu — {r.gpu}, {r.date}",
         "",
         f"- backend: {r.backend}; provider: target {r.provider}, draft {r.draft_provider}; dtype: {r.dtype}",
         f"- shapes ({r.shape}): target {r.target['describe']}; draft {r.draft['describe']}",

@@ -11,7 +11,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from specls.bench.gpu.backends import (
+from specls.decoder.api import CausalLM
+
+from bench.lab.gpu.backends import (
     RuntimeBatchLM,
     TorchCausalLM,
     gpu_name,
@@ -20,13 +22,12 @@ from specls.bench.gpu.backends import (
     provider_of,
     resolve_provider,
 )
-from specls.bench.gpu.checkpoints import export_facts
-from specls.bench.gpu.loop import run_loop
-from specls.bench.gpu.predict import best_gamma, expected_tokens
-from specls.bench.gpu.report import GpuBenchReport, Prediction, write_report
-from specls.bench.gpu.shapes import BenchError, GpuBenchSettings, validate_settings
-from specls.bench.gpu.timing import phase, time_batched_passes, time_passes
-from specls.decoder.api import CausalLM
+from bench.lab.gpu.checkpoints import export_facts
+from bench.lab.gpu.loop import run_loop
+from bench.lab.gpu.predict import best_gamma, expected_tokens
+from bench.lab.gpu.report import GpuBenchReport, Prediction, write_report
+from bench.lab.gpu.shapes import BenchError, GpuBenchSettings, validate_settings
+from bench.lab.gpu.timing import phase, time_batched_passes, time_passes
 
 log = logging.getLogger(__name__)
 

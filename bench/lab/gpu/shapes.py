@@ -1,4 +1,4 @@
-"""Model shapes, presets and the settings of one ``specls bench gpu`` run (plus their validation)."""
+"""Model shapes, presets and the settings of one ``bench.lab.gpu`` run (plus their validation)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ SHAPES: dict[str, ShapePreset] = {
 
 @dataclass(frozen=True)
 class GpuBenchSettings:
-    """Everything one `specls bench gpu` run does. Passed whole."""
+    """Everything one `bench.lab.gpu` run does. Passed whole."""
 
     target: ModelShape
     draft: ModelShape

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-
-from specls.bench.gpu.shapes import BenchError
 from specls.decoder.api import CausalLM
+
+from bench.lab.gpu.shapes import BenchError
 
 log = logging.getLogger(__name__)
 

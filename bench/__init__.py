@@ -1,0 +1,1 @@
+"""bench/: results, lab benchmarks and measurement scripts; not part of the wheel."""
