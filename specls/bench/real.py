@@ -28,8 +28,8 @@ token comes from the first pass). llama-server reports ``predicted_n``, ``draft_
 After the first token: llama-server samples the first token from the logits of its prompt pass, so
 its ``prompt_ms`` holds that pass and its ``predicted_ms`` covers only the passes for tokens 2..n.
 specls' ``decode_ms`` covers every pass from the one over the last prompt token on, so on a
-completion of n tokens its decode tok/s counts one pass more than llama.cpp's: 1.6% at 64 tokens,
-~28% at the ~4.6 tokens of a short completion. The like-for-like columns: ``ttft ms`` (prefill plus
+completion of n tokens its decode tokens/s counts one pass more than llama.cpp's: little at 64 tokens,
+a large share of a short completion. The like-for-like columns: ``ttft ms`` (prefill plus
 specls' first pass; llama.cpp's prompt_ms) and ``tok/s after 1st`` (the tokens after the pass that
 gave the first one, over the time after that pass: llama.cpp's predicted_n - 1 over predicted_ms).
 """
@@ -86,12 +86,12 @@ class RealBenchOptions:
     seed: int = 0
     threads: int = 1
     methods: tuple[str, ...] = ()  # subset to run (() = all); each method's reference is added
-    hf: bool = False  # dequantizing the 1.5B GGUF to fp32 takes minutes and ~9 GB: opt in
+    hf: bool = False  # dequantizing a GGUF to fp32 takes minutes and many GB: opt in
     ctx: int = 4096  # llama-server context; the prompts here stay under ~1.2k tokens
-    request_timeout_s: float = 300.0  # one completion (a 64-token decode at ~1 tok/s fits)
-    start_timeout_s: float = 180.0  # llama-server load (mmap) + warm-up on a loaded 2-core machine
+    request_timeout_s: float = 300.0  # one completion, even a 64-token decode on a slow loaded CPU
+    start_timeout_s: float = 180.0  # llama-server load (mmap) + warm-up on a small, busy machine
     # cut each point's prefix / suffix to this many characters (None = the whole file, as the prompt
-    # budget allows): a ~1k-token prompt costs ~60 s of prefill per method on a loaded 2-core machine
+    # budget allows): a long cold prompt costs each method a long prefill on a small, busy machine
     prefix_chars: int | None = None
     suffix_chars: int | None = None
     json_out: str | None = None
@@ -136,17 +136,15 @@ def llama_configs(gguf_draft: str, threads: int) -> dict[str, LlamaConfig]:
     """The llama.cpp side: plain, draft model (``-md``, its own threads pinned to ours) and two n-gram
     drafters.
 
-    ``-md`` alone only loads the draft model: build 11434 infers the speculative type from the draft
+    ``-md`` alone only loads the draft model: llama.cpp infers the speculative type from the draft
     GGUF's metadata, finds none in a plain Qwen GGUF and drafts nothing (``draft_n`` absent, one
     token per pass); ``--spec-type draft-simple`` makes it draft. Draft lengths stay llama.cpp's
-    defaults (a sweep of ``--spec-draft-n-max`` 2-5 and ``--spec-draft-p-min`` 0.5-0.8 stayed at
-    14.1-14.7 tok/s against plain's 23.2).
+    defaults: no swept setting of ``--spec-draft-n-max`` / ``--spec-draft-p-min`` beat them.
 
-    ``ngram-simple`` keeps its defaults (12-token lookup, 48-token drafts: 1.02x plain in the sweep).
-    ``ngram-map-k4v`` (each n-gram keeps up to 4 continuations and drafts the most frequent) with a
-    4-token lookup and 16-token drafts was the fastest of 20 n-gram configurations swept on bench
-    real's 6 points (2 threads, Zen 4, bench/README.md "Runs 30-32"): 28.82 tok/s
-    against plain's 23.20 (1.24x); its defaults 27.98, ngram-mod 26.61, ngram-cache 15.67."""
+    ``ngram-simple`` keeps its defaults. ``ngram-map-k4v`` (each n-gram keeps up to 4 continuations
+    and drafts the most frequent) with a 4-token lookup and 16-token drafts was the fastest n-gram
+    configuration of a sweep on these points (``bench/scripts/llama_ngram_sweep.py``), so the
+    comparison is with llama.cpp's best rather than its defaults."""
     t = str(threads)
     return {
         "llama-plain": LlamaConfig("llama-plain"),
