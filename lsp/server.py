@@ -24,9 +24,8 @@ import json
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -36,9 +35,16 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, default_converter
 from pygls.protocol.json_rpc import RPCNotification, RPCRequest
 from pygls.protocol.language_server import lsp_method
+from specls.lsp.continuation import Continuation
+from specls.lsp.counters import Counters
+from specls.lsp.document_sync import DocumentSync
 from specls.lsp.documents import Document, DocumentStore, sanitize, window
+from specls.lsp.event_loop import post_to_loop
+from specls.lsp.job import CursorParams, Job
+from specls.lsp.load_progress import LoadProgress
 from specls.lsp.postprocess import (
     Completion,
+    CursorContext,
     finalize,
     first_line_point,
     lf_breaks,
@@ -46,9 +52,9 @@ from specls.lsp.postprocess import (
     stop_point,
 )
 from specls.lsp.settings import ServerSettings, parse_settings
+from specls.lsp.team_auth import Team, TeamAuth
 
-from specls.api import CompletionRequest, CompletionResult, Engine, ResultTotals
-from specls.stats import percentile
+from specls.api import CompletionRequest, CompletionResult, Engine
 
 logger = logging.getLogger(__name__)
 
@@ -61,65 +67,15 @@ PREFIX_CHARS = 24_000  # text before the cursor handed to the engine (it builds 
 SUFFIX_CHARS = 6_000
 CONTEXT_DOCS = 4  # other open buffers passed as context
 CONTEXT_DOC_CHARS = 32_000
-LATENCY_WINDOW = 2000  # latency samples kept for percentiles
 COMPLETION_TRIGGERS = [".", "(", "[", "{", ",", ":", "="]
-# A line-first answer's block is decoded after this long without a request or an edit: longer than the
-# gap between the keystrokes of someone typing (40-220 ms in `specls bench lsp`), so a burst of typing
-# does not start (and preempt) a block decode per key.
-CONTINUE_AFTER_S = 0.3
 COMPLETION_REQUESTS = (types.InlineCompletionRequest, types.CompletionRequest)
-CursorParams = types.InlineCompletionParams | types.CompletionParams
 
 EngineFactory = Callable[[ServerSettings], Engine]
-
-
-def _percentiles(values: Sequence[float]) -> dict[str, float | int]:
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 50), 2),
-        "p95": round(percentile(values, 95), 2),
-    }
-
-
-def post_to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
-    """``loop.call_soon_threadsafe`` from an engine thread, dropped once the loop is closed (a
-    generation cancelled by a server stopping finishes after its event loop is gone)."""
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # "Event loop is closed"
-        logger.debug("event loop closed; dropped %s", getattr(fn, "__name__", fn))
 
 
 def _jsonable(value: Any) -> Any:
     """Engine stats may hold numpy scalars or dataclasses: make them plain JSON values."""
     return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
-
-
-@dataclass
-class Counters:
-    requests: int = 0
-    answered: int = 0  # results with an item
-    empty: int = 0  # empty results (not ready, no document, bad position, nothing useful generated)
-    not_ready: int = 0
-    cancelled: int = 0  # superseded by a newer keystroke/request, or $/cancelRequest
-    stale_dropped: int = 0  # finished, but the document had changed meanwhile
-    errors: int = 0
-    accepted: int = 0
-    shown: int = 0
-    tokens_wasted: int = 0  # generated for results that were cancelled or stale
-    continuations: int = 0  # blocks decoded in the background after a line-first answer
-    continued: int = 0  # ... that finished
-    continuations_preempted: int = 0  # ... that a request or an edit stopped
-    results: ResultTotals = field(default_factory=ResultTotals)  # every result that came back
-    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
-    keystroke_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
-
-    def snapshot(self) -> dict[str, object]:
-        plain = {k: v for k, v in vars(self).items() if not isinstance(v, deque | ResultTotals)}
-        plain.update(self.results.snapshot())
-        plain["latency_ms"] = _percentiles(list(self.latency_ms))
-        plain["keystroke_to_result_ms"] = _percentiles(list(self.keystroke_ms))
-        return plain
 
 
 class EngineHost:
@@ -135,7 +91,7 @@ class EngineHost:
         self.error = ""
         self.counters = Counters()
         self.sessions = 0
-        self.team: Any = None  # specls.team.glue.TeamHooks when serving a team (specls serve --tcp)
+        self.team: Team | None = None  # the team service, when serving a team (specls serve --tcp)
         self._lock = threading.Lock()
         self._load: concurrent.futures.Future[None] | None = None
         self._progress_listeners: list[Callable[[str, float], None]] = []
@@ -222,30 +178,6 @@ class EngineHost:
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-@dataclass
-class Job:
-    """One completion request, from its arrival to its answer, for the document as it was when the
-    request arrived (``snapshot``; None: the document was not open)."""
-
-    uri: str
-    msg_id: Any  # the request's JSON-RPC id (for $/cancelRequest)
-    params: CursorParams  # the request's params object: its handler gets this very object
-    snapshot: Document | None
-    started: float
-    event: threading.Event = field(default_factory=threading.Event)
-    reason: str = ""
-    claimed: bool = False  # its handler has started
-
-    def cancel(self, reason: str) -> None:
-        if not self.event.is_set():
-            self.reason = reason
-            self.event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self.event.is_set()
 
 
 class SpeclsProtocol(LanguageServerProtocol):
@@ -335,17 +267,31 @@ class SpeclsServer(LanguageServer):
     def report_server_error(self, error: Exception, source: Any) -> None:
         # pygls would pop up a showMessage for every internal error; log instead
         logger.error("server error (%s): %s", getattr(source, "__name__", source), error)
+        self.log(str(error), types.MessageType.Error)
+
+    def log(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
+        """A line in the client's log (window/logMessage); a client that is gone is not an error."""
         try:
-            self.window_log_message(types.LogMessageParams(type=types.MessageType.Error, message=str(error)))
+            self.window_log_message(types.LogMessageParams(type=kind, message=message))
         except Exception:
             logger.debug("could not send logMessage", exc_info=True)
+
+    def show(self, message: str, kind: types.MessageType) -> None:
+        """A message the user sees (window/showMessage), also written to the client's log."""
+        try:
+            self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+        except Exception:
+            logger.debug("could not send showMessage", exc_info=True)
+        self.log(message, kind)
 
 
 _session_ids = itertools.count(1)
 
 
 class Session:
-    """One client connection: its documents, settings and in-flight jobs."""
+    """One client connection: its documents, settings and in-flight jobs. Team authentication is
+    ``self.team_auth`` (``TeamAuth``), the line-first block waiting for a pause ``self.continuation``, the
+    model load shown in the client ``self.progress``; what happened is counted in ``host.counters``."""
 
     def __init__(
         self, server: SpeclsServer, settings: ServerSettings, host: EngineHost, doc_prefix: str
@@ -361,43 +307,20 @@ class Session:
         self.load_failure_shown = False
         self.exit_clean: bool | None = None
         self.on_exit: Callable[[bool], None] | None = None
-        self._pending_updates: set[str] = set()
-        self._updates_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._progress_token: str | None = None
         self.closed = False
-        self.team_engine: Any = None  # team mode: this client's fair-scheduled engine view
-        self._continuation: object | None = None  # the line-first block waiting for a pause
+        self.team_auth = TeamAuth(host)
+        self.sync = DocumentSync(host, self.store, self.team_auth, doc_prefix)
+        self.continuation = Continuation(host, self._generate, self._outdated)
+        self.progress = LoadProgress(server)
 
     # ------------------------------------------------------------------ helpers
-    def _preempt_background(self) -> None:
-        """A request, an edit, a close or a shutdown: no line-first block starts after the pause, and
-        a running one stops."""
-        self._continuation = None
-        self.host.preempt()
-
-    def doc_id(self, uri: str) -> str:
-        return f"{self.doc_prefix}{uri}"
-
-    def log(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
-        try:
-            self.server.window_log_message(types.LogMessageParams(type=kind, message=message))
-        except Exception:
-            logger.debug("could not send logMessage", exc_info=True)
-
-    def show(self, message: str, kind: types.MessageType) -> None:
-        try:
-            self.server.window_show_message(types.ShowMessageParams(type=kind, message=message))
-        except Exception:
-            logger.debug("could not send showMessage", exc_info=True)
-        self.log(message, kind)
-
     def report_problems(self, problems: list[str]) -> None:
         new = [p for p in problems if p not in self.reported]
         if not new:
             return
         self.reported.update(new)
-        self.show("specls settings: " + "; ".join(new), types.MessageType.Warning)
+        self.server.show("specls settings: " + "; ".join(new), types.MessageType.Warning)
 
     def apply_settings(self, raw: object) -> None:
         updated, problems = parse_settings(raw, self.settings)
@@ -416,12 +339,12 @@ class Session:
     @property
     def authenticated(self) -> bool:
         """Serving requests: always outside team mode; in team mode once initialize had a valid token."""
-        return self.host.team is None or self.team_engine is not None
+        return self.team_auth.authenticated
 
     def authenticate(self, initialization_options: object) -> None:
         """Team service: token check (raises a JSON-RPC error), then this client's fair-queue session."""
-        if self.host.team is not None and self.team_engine is None and not self.closed:
-            self.team_engine = self.host.team.open(self, initialization_options)
+        if not self.closed:
+            self.team_auth.authenticate(self, initialization_options)
 
     def initialize(self, params: types.InitializeParams) -> None:
         self.authenticate(params.initialization_options)
@@ -432,65 +355,32 @@ class Session:
         if self.pending_problems:
             problems, self.pending_problems = self.pending_problems, []
             self.report_problems(problems)
-        caps = self.server.client_capabilities
-        use_progress = bool(caps and caps.window and caps.window.work_done_progress)
-        token: str | None = None
-        if use_progress and self.host.state in ("new", "loading"):
-            token = f"specls-load-{id(self)}"
-            try:
-                await self.server.work_done_progress.create_async(token)
-                self.server.work_done_progress.begin(
-                    token, types.WorkDoneProgressBegin(title="specls: loading model", percentage=0)
-                )
-            except Exception as exc:
-                logger.info("client refused work done progress: %s", exc)
-                token = None
-        self._progress_token = token
-        load = self.host.start_load(self._progress if token else None)
+        listener = await self.progress.begin(loading=self.host.state in ("new", "loading"))
+        load = self.host.start_load(listener)
         asyncio.wrap_future(load).add_done_callback(self._load_done)
-
-    def _progress(self, message: str, fraction: float) -> None:
-        """Called on the engine thread."""
-        loop, token = self._loop, self._progress_token
-        if loop is None or token is None or self.closed:
-            return
-        pct = int(max(0.0, min(1.0, fraction)) * 100)
-        value = types.WorkDoneProgressReport(message=message, percentage=pct)
-        post_to_loop(loop, self._send_progress, token, value)
-
-    def _send_progress(self, token: str, value: Any) -> None:
-        if not self.closed:
-            try:
-                if isinstance(value, types.WorkDoneProgressEnd):
-                    self.server.work_done_progress.end(token, value)
-                else:
-                    self.server.work_done_progress.report(token, value)
-            except Exception:
-                logger.debug("progress notification failed", exc_info=True)
 
     def _load_done(self, future: asyncio.Future[None]) -> None:
         if not future.cancelled():
             future.exception()  # retrieved: a failed load is reported below, not as "never retrieved"
-        if self._progress_token is not None:
-            msg = "ready" if self.host.ready else "failed"
-            self._send_progress(self._progress_token, types.WorkDoneProgressEnd(message=msg))
-            self._progress_token = None
+        self.progress.end(self.host.ready)
         if self.closed:
             return
         if self.host.state == "failed":
             self.show_load_failure()
         else:
-            self.log("specls: model loaded")
+            self.server.log("specls: model loaded")
             for uri in self.store.uris():  # documents opened while loading
-                self.schedule_update(uri)
+                self.sync.update(uri)
 
     def show_load_failure(self) -> None:
         if not self.load_failure_shown:
             self.load_failure_shown = True
-            self.show(f"specls: the model could not be loaded: {self.host.error}", types.MessageType.Error)
+            self.server.show(
+                f"specls: the model could not be loaded: {self.host.error}", types.MessageType.Error
+            )
 
     def shutdown(self) -> None:
-        self._preempt_background()
+        self.continuation.preempt()
         for job in self.jobs.values():
             job.cancel("shutdown")
 
@@ -504,24 +394,23 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        self.progress.closed = self.sync.closed = True
         self.shutdown()
-        if self.team_engine is not None:
-            self.team_engine.close()  # cancels its queued/running requests, frees its documents' KV
+        self.team_auth.close()  # cancels its queued/running requests, frees its documents' KV
         for uri in self.store.uris():
             self.store.close(uri)
-            doc_id = self.doc_id(uri)
-            self.host.submit(partial(self._engine_close, doc_id))
+            self.sync.close(uri)
         self.host.sessions -= 1
 
     # ------------------------------------------------------------------ documents
     def did_open(self, params: types.DidOpenTextDocumentParams) -> None:
         item = params.text_document
         self.store.open(item.uri, item.language_id, item.version, item.text)
-        self.schedule_update(item.uri)
+        self.sync.update(item.uri)
 
     def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
-        self._preempt_background()
+        self.continuation.preempt()
         job = self.jobs.get(uri)
         if job is not None:
             job.cancel("changed")
@@ -531,59 +420,23 @@ class Session:
             logger.exception("could not apply a change to %s", uri)
             return
         if doc is not None:
-            self.schedule_update(uri)
+            self.sync.update(uri)
 
     def did_close(self, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
-        self._preempt_background()
+        self.continuation.preempt()
         job = self.jobs.pop(uri, None)
         if job is not None:
             job.cancel("closed")
         if self.store.close(uri) is not None:
-            self.host.submit(partial(self._engine_close, self.doc_id(uri)))
-
-    def schedule_update(self, uri: str) -> None:
-        """Tell the engine a buffer's text, coalescing bursts: one queued update per document, and
-        it reads the newest text when it runs."""
-        if not self.host.ready:
-            return  # sent for every open document once the engine is loaded
-        if self.host.team is not None and self.team_engine is None:
-            return  # team mode, not authenticated: nothing of this client reaches the shared engine
-        with self._updates_lock:
-            if uri in self._pending_updates:
-                return
-            self._pending_updates.add(uri)
-        self.host.submit(partial(self._engine_update, uri))
-
-    def _engine_update(self, uri: str) -> None:
-        with self._updates_lock:
-            self._pending_updates.discard(uri)
-        doc = self.store.get(uri)
-        if doc is None or self.closed:
-            return
-        try:
-            self._engine.update_document(self.doc_id(uri), sanitize(doc.engine_text()))
-        except Exception:
-            logger.exception("engine.update_document failed for %s", uri)
-
-    @property
-    def _engine(self) -> Engine:
-        """Where this session's documents and completions go: in team mode its scheduler session (one
-        namespaced id per buffer for updates and completions alike), else the host's engine."""
-        return self.team_engine if self.team_engine is not None else self.host.engine
-
-    def _engine_close(self, doc_id: str) -> None:
-        try:
-            self._engine.close_document(doc_id)
-        except Exception:
-            logger.exception("engine.close_document failed for %s", doc_id)
+            self.sync.close(uri)
 
     # ------------------------------------------------------------------ completions
     def request_arrived(self, msg_id: Any, params: CursorParams) -> None:
         """A completion request was just received (called before its handler runs, in message
         order): snapshot its document and make it the document's newest request."""
         uri = params.text_document.uri
-        self._preempt_background()
+        self.continuation.preempt()
         previous = self.jobs.get(uri)
         if previous is not None:
             previous.cancel("superseded")
@@ -604,6 +457,10 @@ class Session:
         """Whether the store's document is no longer the one ``snapshot`` was taken of."""
         current = self.store.get(snapshot.uri)
         return current is None or current.revision != snapshot.revision
+
+    def _outdated(self, snapshot: Document) -> bool:
+        """A background block for ``snapshot`` is no longer wanted: the session closed or it changed."""
+        return self.closed or self.changed_since(snapshot)
 
     async def complete(self, params: CursorParams) -> tuple[Completion, Document, int] | None:
         """The completion for a request (``params``: the object ``request_arrived`` got) and the
@@ -681,27 +538,11 @@ class Session:
             if job.cancelled or self.changed_since(doc):
                 counters.cancelled += 1
                 return None
-        text = doc.text
-        prefix = sanitize(text[max(0, offset - PREFIX_CHARS) : offset])
-        suffix = sanitize(text[offset : offset + SUFFIX_CHARS])
-        ctx = make_context(prefix, suffix, self.settings.multiline, doc.language_id)
-        line_first = ctx.multiline and self.settings.line_first
-        others = tuple(
-            (self.doc_id(d.uri), sanitize(window(d.text, d.last_edit, CONTEXT_DOC_CHARS)))
-            for d in self.store.others(doc.uri, CONTEXT_DOCS)
-        )
-        request = CompletionRequest(
-            doc_id=self.doc_id(doc.uri),
-            prefix=prefix,
-            suffix=suffix,
-            max_tokens=self.settings.max_tokens,
-            language=doc.language_id,
-            stop=partial(stop_point, ctx),
-            early_stop=partial(first_line_point, ctx) if line_first else None,
-            context_docs=others,
-        )
-        submit = self.host.team.submit if self.team_engine is not None else self.host.submit
-        future = submit(partial(self._generate, request, job))
+        ctx, request = _engine_request(self.settings, self.sync, doc, offset)
+        generate = partial(self._generate, request, job)
+        future = self.team_auth.submit(generate)
+        if future is None:
+            future = self.host.submit(generate)
         loop = asyncio.get_running_loop()
         # account on the loop thread, also for generations whose request was cancelled meanwhile
         future.add_done_callback(lambda f: post_to_loop(loop, self._account, f, job))
@@ -713,65 +554,20 @@ class Session:
             counters.tokens_wasted += result.tokens
             return None
         # no await from here to the answer: the document the answer is positioned against is current
-        if result.partial and self.team_engine is None:
-            self._continue_later(doc, job, replace(request, early_stop=None))
+        if result.partial and self.team_auth.engine is None:
+            self.continuation.later(doc, job.params, replace(request, early_stop=None))
         return finalize(ctx, result.text, truncated=result.stop_reason == "max_tokens")
 
-    def _continue_later(self, doc: Document, job: Job, request: CompletionRequest) -> None:
-        """After a line-first answer: decode its whole block (``request``: the same cursor, without
-        the early stop) once nothing happened for CONTINUE_AFTER_S, in the background. It is the
-        engine's last completion when it finishes, so accepting or typing into the line shows the
-        rest of the block by type-ahead, and asking again at the cursor replays it; a request or an
-        edit preempts it."""
-        token = object()
-        self._continuation = token
-        loop = asyncio.get_running_loop()
-        loop.call_later(CONTINUE_AFTER_S, self._continue, token, doc, job.params, request)
-
-    def _continue(
-        self, token: object, doc: Document, params: CursorParams, request: CompletionRequest
-    ) -> None:
-        if self._continuation is not token or self.closed or self.changed_since(doc):
-            return  # a request or an edit came meanwhile
-        self._continuation = None
-        job = Job(doc.uri, None, params, doc, started=time.monotonic())
-        self.host.counters.continuations += 1
-        future = self.host.submit_background(job, partial(self._generate, request, job))
-        loop = asyncio.get_running_loop()
-        future.add_done_callback(lambda f: post_to_loop(loop, self._continued, f))
-
-    def _continued(self, future: concurrent.futures.Future[CompletionResult | None]) -> None:
-        counters = self.host.counters
-        result = None if future.cancelled() or future.exception() is not None else future.result()
-        if result is not None and result.stop_reason == "error":
-            counters.errors += 1  # logged by _generate; not something a keystroke stopped
-        elif result is None or result.cancelled:
-            counters.continuations_preempted += 1
-            counters.tokens_wasted += result.tokens if result is not None else 0
-        else:
-            counters.continued += 1
-
     def _account(self, future: concurrent.futures.Future[CompletionResult | None], job: Job) -> None:
-        counters = self.host.counters
-        if future.cancelled() or future.exception() is not None or future.result() is None:
-            counters.cancelled += 1  # never reached the engine
-            return
-        result = future.result()
-        assert result is not None
-        counters.results.add(result)
-        if result.stop_reason == "error":
-            counters.errors += 1
-        elif job.cancelled or result.cancelled:
-            counters.cancelled += 1
-            counters.tokens_wasted += result.tokens
+        self.host.counters.generation_done(future, job.cancelled)
 
     def _generate(self, request: CompletionRequest, job: Job) -> CompletionResult | None:
         """On the engine thread."""
         if job.cancelled or self.closed:
             return None
-        if self.host.team is not None and self.team_engine is None:
+        if not self.team_auth.authenticated:
             return None  # team mode and not authenticated
-        engine = self._engine
+        engine = self.sync.engine
         try:
             return engine.complete(request, job.event.is_set)
         except Exception as exc:
@@ -782,9 +578,37 @@ class Session:
     def stats(self) -> dict[str, object]:
         stats = self.host.stats()
         stats["session"] = {"open_documents": len(self.store), "in_flight": len(self.jobs)}
-        if self.host.team is not None:
-            stats["team"] = self.host.team.stats()
+        team = self.team_auth.stats()
+        if team is not None:
+            stats["team"] = team
         return stats
+
+
+def _engine_request(
+    settings: ServerSettings, sync: DocumentSync, doc: Document, offset: int
+) -> tuple[CursorContext, CompletionRequest]:
+    """The cursor's context and the engine request for ``doc`` (a snapshot) at ``offset``, with the
+    session's other open buffers as context."""
+    text = doc.text
+    prefix = sanitize(text[max(0, offset - PREFIX_CHARS) : offset])
+    suffix = sanitize(text[offset : offset + SUFFIX_CHARS])
+    ctx = make_context(prefix, suffix, settings.multiline, doc.language_id)
+    line_first = ctx.multiline and settings.line_first
+    others = tuple(
+        (sync.doc_id(d.uri), sanitize(window(d.text, d.last_edit, CONTEXT_DOC_CHARS)))
+        for d in sync.store.others(doc.uri, CONTEXT_DOCS)
+    )
+    request = CompletionRequest(
+        doc_id=sync.doc_id(doc.uri),
+        prefix=prefix,
+        suffix=suffix,
+        max_tokens=settings.max_tokens,
+        language=doc.language_id,
+        stop=partial(stop_point, ctx),
+        early_stop=partial(first_line_point, ctx) if line_first else None,
+        context_docs=others,
+    )
+    return ctx, request
 
 
 def _completion_range(doc: Document, offset: int, completion: Completion) -> types.Range:
@@ -835,7 +659,14 @@ def create_server(
     doc_prefix = "" if host.sessions == 1 and session_no == 1 else f"s{session_no}|"
     session = Session(server, settings, host, doc_prefix)
     server.session = session
+    _lifecycle_features(server, session)
+    _document_features(server, session)
+    _completion_features(server, session)
+    _specls_features(server, session)
+    return server
 
+
+def _lifecycle_features(server: SpeclsServer, session: Session) -> None:
     @server.feature(types.INITIALIZE)
     def on_initialize(params: types.InitializeParams) -> None:
         session.initialize(params)
@@ -852,6 +683,8 @@ def create_server(
     def on_configuration(params: types.DidChangeConfigurationParams) -> None:
         session.apply_settings(params.settings)
 
+
+def _document_features(server: SpeclsServer, session: Session) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def on_open(params: types.DidOpenTextDocumentParams) -> None:
         session.did_open(params)
@@ -864,17 +697,35 @@ def create_server(
     def on_close(params: types.DidCloseTextDocumentParams) -> None:
         session.did_close(params)
 
+
+def _inline_item(found: tuple[Completion, Document, int]) -> types.InlineCompletionItem:
+    completion, doc, offset = found
+    return types.InlineCompletionItem(
+        insert_text=_insert_text(doc, offset, completion.text),
+        range=_completion_range(doc, offset, completion),
+    )
+
+
+def _completion_item(found: tuple[Completion, Document, int]) -> types.CompletionItem:
+    completion, doc, offset = found
+    text = _insert_text(doc, offset, completion.text)
+    first_line = text.strip().splitlines()[0] if text.strip() else text
+    label = first_line if len(first_line) <= 60 else first_line[:57] + "..."
+    return types.CompletionItem(
+        label=label,
+        kind=types.CompletionItemKind.Snippet,
+        detail="specls",
+        sort_text="0",
+        insert_text_format=types.InsertTextFormat.PlainText,
+        text_edit=types.TextEdit(range=_completion_range(doc, offset, completion), new_text=text),
+    )
+
+
+def _completion_features(server: SpeclsServer, session: Session) -> None:
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def on_inline(params: types.InlineCompletionParams) -> types.InlineCompletionList:
         found = await session.complete(params)
-        if found is None:
-            return types.InlineCompletionList(items=[])
-        completion, doc, offset = found
-        item = types.InlineCompletionItem(
-            insert_text=_insert_text(doc, offset, completion.text),
-            range=_completion_range(doc, offset, completion),
-        )
-        return types.InlineCompletionList(items=[item])
+        return types.InlineCompletionList(items=[] if found is None else [_inline_item(found)])
 
     @server.feature(
         types.TEXT_DOCUMENT_COMPLETION,
@@ -882,22 +733,12 @@ def create_server(
     )
     async def on_completion(params: types.CompletionParams) -> types.CompletionList:
         found = await session.complete(params)
-        if found is None:
-            return types.CompletionList(is_incomplete=True, items=[])
-        completion, doc, offset = found
-        text = _insert_text(doc, offset, completion.text)
-        first_line = text.strip().splitlines()[0] if text.strip() else text
-        label = first_line if len(first_line) <= 60 else first_line[:57] + "..."
-        item = types.CompletionItem(
-            label=label,
-            kind=types.CompletionItemKind.Snippet,
-            detail="specls",
-            sort_text="0",
-            insert_text_format=types.InsertTextFormat.PlainText,
-            text_edit=types.TextEdit(range=_completion_range(doc, offset, completion), new_text=text),
+        return types.CompletionList(
+            is_incomplete=True, items=[] if found is None else [_completion_item(found)]
         )
-        return types.CompletionList(is_incomplete=True, items=[item])
 
+
+def _specls_features(server: SpeclsServer, session: Session) -> None:
     @server.feature(STATS_METHOD)
     def on_stats(params: Any) -> dict[str, object]:
         return session.stats()
@@ -909,5 +750,3 @@ def create_server(
     @server.feature(SHOWN_METHOD)
     def on_shown(params: Any) -> None:
         session.host.counters.shown += 1
-
-    return server

@@ -1,5 +1,6 @@
 """The team service inside ``specls serve --tcp``: what the language server's ``EngineHost`` and
-``Session`` call when a ``TeamHooks`` is attached (``host.team``).
+``Session`` call when a ``TeamHooks`` is attached (``host.team``); it is the language server's ``Team``
+protocol (``specls.lsp.team_auth``).
 
 - ``open(session, initialization_options)`` on ``initialize``: checks the client's token (when the
   server requires tokens) and returns the session's engine view (a ``ClientSession`` of the fair
@@ -18,16 +19,19 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from pygls.exceptions import JsonRpcException
 
 from specls.api import Engine
+from specls.lsp.team_auth import TeamClient
 from specls.team.auth import AuthError
 from specls.team.scheduler import ClientSession
 from specls.team.service import TeamService, TeamSettings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 UNAUTHORIZED = -32001  # JSON-RPC server-defined error range
 
@@ -45,7 +49,7 @@ class TeamHooks:
             max_workers=max(2, max_parallel), thread_name_prefix="specls-team"
         )
 
-    def open(self, session: Any, initialization_options: object) -> ClientSession:
+    def open(self, session: TeamClient, initialization_options: object) -> ClientSession:
         """Authenticate an ``initialize`` and open the client's scheduler session. ``session`` is the
         language server's Session (its ``exit_requested`` closes the connection)."""
         try:
@@ -56,18 +60,15 @@ class TeamHooks:
         return self.service.open_session(client)
 
     @staticmethod
-    def _close_soon(session: Any) -> None:
-        close: Callable[[bool], None] | None = getattr(session, "exit_requested", None)
-        if close is None:
-            return
+    def _close_soon(session: TeamClient) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
         # after pygls has written the error response for this initialize
-        loop.call_later(0.05, close, False)
+        loop.call_later(0.05, session.exit_requested, False)
 
-    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         return self.executor.submit(fn)
 
     def stats(self) -> dict[str, object]:

@@ -10,8 +10,9 @@ import time
 
 import pytest
 from lsprotocol import types
-from specls.lsp import server as server_module
-from specls.lsp.server import EngineHost, Job, Session, SpeclsServer, create_server
+from specls.lsp import continuation as continuation_module
+from specls.lsp.job import Job
+from specls.lsp.server import EngineHost, Session, SpeclsServer, create_server
 from specls.lsp.settings import ServerSettings
 
 from specls.engine import EngineSettings, OnnxEngine
@@ -58,7 +59,7 @@ async def until(check, timeout_s: float = 60.0) -> None:
 
 
 async def test_first_line_then_the_block_once_idle(reference, monkeypatch):
-    monkeypatch.setattr(server_module, "CONTINUE_AFTER_S", 0.01)
+    monkeypatch.setattr(continuation_module, "CONTINUE_AFTER_S", 0.01)
     first_line = reference.answer(SOURCE, offset_of(*CURSOR))
     block = reference.answer(SOURCE, offset_of(*CURSOR), line_first=False)
     assert first_line and block and "\n" in block and block.startswith(first_line)  # Not one line
@@ -76,7 +77,7 @@ async def test_first_line_then_the_block_once_idle(reference, monkeypatch):
 
 
 async def test_a_failed_background_decode_is_an_error_not_a_preemption(reference, monkeypatch):
-    monkeypatch.setattr(server_module, "CONTINUE_AFTER_S", 0.01)
+    monkeypatch.setattr(continuation_module, "CONTINUE_AFTER_S", 0.01)
     session, host = open_session()
     try:
         counters = host.counters
@@ -94,7 +95,7 @@ async def test_a_failed_background_decode_is_an_error_not_a_preemption(reference
 
 
 async def test_a_request_before_the_pause_means_no_background_decode(reference, monkeypatch):
-    monkeypatch.setattr(server_module, "CONTINUE_AFTER_S", 0.5)
+    monkeypatch.setattr(continuation_module, "CONTINUE_AFTER_S", 0.5)
     session, host = open_session()
     try:
         assert await ask(session, 1, *CURSOR) == reference.answer(SOURCE, offset_of(*CURSOR))

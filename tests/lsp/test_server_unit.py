@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 from lsprotocol import types
+from specls.lsp.counters import percentiles
 from specls.lsp.documents import Document
 from specls.lsp.postprocess import Completion
 from specls.lsp.server import (
@@ -9,7 +10,6 @@ from specls.lsp.server import (
     SpeclsServer,
     _completion_range,
     _insert_text,
-    _percentiles,
     create_server,
 )
 from specls.lsp.settings import ServerSettings
@@ -64,8 +64,8 @@ def test_range_replaces_to_end_of_line_in_utf16():
 
 
 def test_percentiles():
-    assert _percentiles([]) == {"n": 0, "p50": 0.0, "p95": 0.0}
-    p = _percentiles([float(i) for i in range(1, 101)])
+    assert percentiles([]) == {"n": 0, "p50": 0.0, "p95": 0.0}
+    p = percentiles([float(i) for i in range(1, 101)])
     assert p["n"] == 100 and 50 <= p["p50"] <= 51 and 94 <= p["p95"] <= 96
 
 
@@ -104,7 +104,7 @@ def test_unauthenticated_team_client_documents_never_reach_the_engine():
 
 def test_counters_snapshot_reads_the_results() -> None:
     from specls.decoder.api import DecodeResult
-    from specls.lsp.server import Counters
+    from specls.lsp.counters import Counters
 
     from specls.api import CompletionResult
 

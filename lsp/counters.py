@@ -1,0 +1,87 @@
+"""The server counters that ``specls/stats`` reports: what became of every request and every
+line-first continuation, shared by all sessions of one ``EngineHost``."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specls.api import CompletionResult, ResultTotals
+from specls.stats import percentile
+
+LATENCY_WINDOW = 2000  # latency samples kept for percentiles
+
+Outcome = concurrent.futures.Future[CompletionResult | None]
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | int]:
+    """Count, median and 95th percentile, rounded for a stats answer.
+
+    >>> percentiles([3.0, 1.0, 2.0])
+    {'n': 3, 'p50': 2.0, 'p95': 3.0}
+    """
+    return {
+        "n": len(values),
+        "p50": round(percentile(values, 50), 2),
+        "p95": round(percentile(values, 95), 2),
+    }
+
+
+def _result(future: Outcome) -> CompletionResult | None:
+    """What a generation returned; None when it never ran, failed or returned nothing."""
+    if future.cancelled() or future.exception() is not None:
+        return None
+    return future.result()
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    answered: int = 0  # results with an item
+    empty: int = 0  # empty results (not ready, no document, bad position, nothing useful generated)
+    not_ready: int = 0
+    cancelled: int = 0  # superseded by a newer keystroke/request, or $/cancelRequest
+    stale_dropped: int = 0  # finished, but the document had changed meanwhile
+    errors: int = 0
+    accepted: int = 0
+    shown: int = 0
+    tokens_wasted: int = 0  # generated for results that were cancelled or stale
+    continuations: int = 0  # blocks decoded in the background after a line-first answer
+    continued: int = 0  # ... that finished
+    continuations_preempted: int = 0  # ... that a request or an edit stopped
+    results: ResultTotals = field(default_factory=ResultTotals)  # every result that came back
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    keystroke_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def generation_done(self, future: Outcome, cancelled: bool) -> None:
+        """A request's generation finished (``cancelled``: its request was cancelled meanwhile)."""
+        result = _result(future)
+        if result is None:
+            self.cancelled += 1  # never reached the engine
+            return
+        self.results.add(result)
+        if result.stop_reason == "error":
+            self.errors += 1
+        elif cancelled or result.cancelled:
+            self.cancelled += 1
+            self.tokens_wasted += result.tokens
+
+    def continuation_done(self, future: Outcome) -> None:
+        """A line-first answer's background block finished, failed or was preempted."""
+        result = _result(future)
+        if result is not None and result.stop_reason == "error":
+            self.errors += 1  # logged by the generation; not something a keystroke stopped
+        elif result is None or result.cancelled:
+            self.continuations_preempted += 1
+            self.tokens_wasted += result.tokens if result is not None else 0
+        else:
+            self.continued += 1
+
+    def snapshot(self) -> dict[str, object]:
+        plain = {k: v for k, v in vars(self).items() if not isinstance(v, deque | ResultTotals)}
+        plain.update(self.results.snapshot())
+        plain["latency_ms"] = percentiles(list(self.latency_ms))
+        plain["keystroke_to_result_ms"] = percentiles(list(self.keystroke_ms))
+        return plain
