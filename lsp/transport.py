@@ -26,8 +26,9 @@ never resynchronises; a pygls TCP server also serves only its first connection. 
   Invalid params for a request: InvalidParams for its id. Every error response leaves through
   ``scrub_frame``: no traceback and no server path ever reaches a client (pygls puts the traceback of
   an internal error into ``error.data`` and the exception text, paths included, into the message).
-- ``serve_stdio`` runs one session on stdin/stdout; ``serve_tcp`` accepts any number of connections,
-  each its own session (own documents and settings) sharing one ``EngineHost``.
+- ``serve_stdio`` runs one session on stdin/stdout. Over TCP (``specls serve --tcp``) the team
+  listener (``specls.team.listener.Listener``) accepts any number of connections, each its own session
+  (own documents and settings) sharing one ``EngineHost``, and feeds each through ``connect``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any, BinaryIO
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
-from specls.lsp.server import EngineHost, SpeclsServer
+from specls.lsp.server import SpeclsServer
 
 from specls.memory import release_freed_memory
 
@@ -691,45 +692,3 @@ async def _serve_stdio(server: SpeclsServer, in_stream: BinaryIO, writer: _Stdou
         session.close()
         session.host.close()
     return 0 if session.exit_clean else 1
-
-
-async def serve_tcp(
-    host: EngineHost,
-    make_server: Callable[[EngineHost], LanguageServer],
-    address: str,
-    port: int,
-    ready: Callable[[int], None] | None = None,
-) -> None:
-    """Accept connections forever; each gets ``make_server(host)`` (its own session)."""
-
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        server = make_server(host)
-        assert isinstance(server, SpeclsServer)
-        peer = writer.get_extra_info("peername")
-        logger.info("connection from %s", peer)
-        conn = connect(server, writer.write, writer.close)
-        closed = asyncio.Event()
-        server.session.on_exit = lambda clean: closed.set()
-        try:
-            while not closed.is_set():
-                chunk = await _read_or_stop(reader.read(_READ_CHUNK), closed)
-                if not chunk:  # stopped (None) or end of stream (b"")
-                    break
-                conn.feed(chunk)
-        except (ConnectionError, OSError) as exc:
-            logger.info("connection %s lost: %s", peer, exc)
-        finally:
-            server.session.close()
-            try:
-                writer.close()
-            except Exception:
-                logger.debug("close failed", exc_info=True)
-            logger.info("connection from %s closed", peer)
-
-    tcp = await asyncio.start_server(on_connection, address, port)
-    bound = tcp.sockets[0].getsockname()[1]
-    logger.info("specls listening on %s:%d", address, bound)
-    if ready is not None:
-        ready(bound)
-    async with tcp:
-        await tcp.serve_forever()

@@ -9,7 +9,8 @@ clients:
 - an idle timeout for authenticated connections that send nothing (and wait for nothing);
 - ``stop()``: stop accepting, close every connection (cancelling its in-flight work), return.
 
-Framing and dispatch are the transport's (``specls.lsp.transport.Connection``)."""
+Framing, dispatch and the scrubbing of error responses are the transport's
+(``specls.lsp.transport.connect``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pygls.lsp.server import LanguageServer
 
 from specls.lsp.server import EngineHost, SpeclsServer
-from specls.lsp.transport import Connection
+from specls.lsp.transport import connect
 from specls.memory import release_freed_memory
 from specls.team.metrics import Metrics
 from specls.team.service import ConnectionSettings
@@ -177,8 +178,7 @@ class Listener:
         if sock is not None:  # the kernel notices a peer that vanished without closing
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        server.protocol.set_writer(writer)  # type: ignore[arg-type]
-        conn = Connection(server, writer.write)
+        conn = connect(server, writer.write)  # error responses leave scrubbed of paths and tracebacks
         session.on_exit = lambda clean: closed.set()
         opened = last_read = loop.time()
         unauthenticated_bytes = 0

@@ -116,20 +116,21 @@ def main(argv: list[str]) -> int:
     import logging
 
     logging.basicConfig(level=os.environ.get("SPECLS_FAKE_LOG", "WARNING"), stream=sys.stderr)
-    from specls.lsp.transport import serve_stdio, serve_tcp
+    from specls.lsp.transport import serve_stdio
+
+    from specls.team.listener import Listener
 
     settings = ServerSettings()
-    if len(argv) >= 2 and argv[0] == "--tcp":
+    if len(argv) >= 2 and argv[0] == "--tcp":  # the TCP listener of `specls serve --tcp`, no team service
         port = int(argv[1])
         host = EngineHost(engine_from_env())
         host.start_load()
+        listener = Listener(host, lambda h: create_server(settings, h.engine, host=h))
 
         def ready(bound: int) -> None:
             print(f"listening {bound}", file=sys.stderr, flush=True)
 
-        asyncio.run(
-            serve_tcp(host, lambda h: create_server(settings, h.engine, host=h), "127.0.0.1", port, ready)
-        )
+        asyncio.run(listener.serve("127.0.0.1", port, ready))
         return 0
     return serve_stdio(create_server(settings, engine_from_env(), factory=engine_from_env))
 
