@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pygls.lsp.server import LanguageServer
 from specls.lsp.server import EngineHost, create_server
 from specls.lsp.settings import ServerSettings
 
@@ -306,3 +309,31 @@ async def test_stop_closes_every_connection_and_returns(tmp_path: Path) -> None:
         finally:
             for c in clients:
                 await c.close()
+
+
+async def test_error_responses_leave_without_a_traceback_or_a_server_path(tmp_path: Path) -> None:
+    """The Listener sends through the transport's scrubbing writer, as stdio does. Wrong before it did:
+    a handler bug's error reached the TCP client with the server path in its message and pygls'
+    traceback in its data."""
+    async with listening(tmp_path) as srv:
+        plain = srv.listener.make_server
+
+        def with_a_bug(host: EngineHost) -> LanguageServer:
+            server = plain(host)
+
+            @server.feature("test/boom")
+            def boom(params: Any) -> None:
+                raise ValueError(f"bad state in {Path(__file__)}")
+
+            return server
+
+        srv.listener.make_server = with_a_bug
+        client = await connect(srv.port)
+        try:
+            assert "result" in await initialize(client, "alice-token-0001")
+            answer = await client.call("test/boom", {}, WAIT_S)
+            assert answer["error"]["code"] == -32603 and "server log" in answer["error"]["message"]
+            shown = json.dumps(answer)
+            assert str(Path(__file__).parent) not in shown and "Traceback" not in shown
+        finally:
+            await client.close()
