@@ -632,8 +632,9 @@ def _insert_text(doc: Document, offset: int, text: str) -> str:
 @functools.cache
 def shared_converter() -> Any:
     """One lsprotocol converter for every session: a converter generates (and keeps) structuring code
-    for each message type it meets, ~0.2 MB per connection when each session had its own. Its hooks
-    are stateless, and every session structures messages on the one event loop thread."""
+    for each message type it meets, so one per session made every connection cost noticeably more
+    memory. Its hooks are stateless, and every session structures messages on the one event loop
+    thread."""
     return default_converter()
 
 

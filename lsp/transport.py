@@ -53,8 +53,8 @@ from specls.memory import release_freed_memory
 
 logger = logging.getLogger(__name__)
 
-# Why 64 MiB: JSON escapes make a source file 1-2x larger on the wire, so this admits ~30 MB files
-# (far past anything worth completing in) while a hostile or broken client cannot make us hold more.
+# Why 64 MiB: JSON escapes can make a source file up to twice as large on the wire, so this still admits
+# files far past anything worth completing in, while a hostile or broken client cannot make us hold more.
 MAX_BODY = 64 * 1024 * 1024
 MAX_HEADER_BYTES = 8192  # a header block (Content-Length line to blank line); real ones are < 100 bytes
 _MAX_FIRST_LINE = 256  # the Content-Length line itself

@@ -132,8 +132,8 @@ def add_team_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-# Off by default: on a 2-core CPU with the bundled pair, batching served fewer completions at higher
-# latency than one request at a time (docs/team.md, "Batching"); measure with your model and hardware.
+# Off by default: on a CPU, batching served fewer completions at higher latency than one request at a
+# time (docs/team.md, "Batching"); measure with your model and hardware.
 DEFAULT_BATCH = 1
 
 

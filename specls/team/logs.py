@@ -109,7 +109,7 @@ class RateLimitFilter(logging.Filter):
     """At most ``burst`` records per ``period_s`` for each call site (logger, level, message template)
     at WARNING or above; the rest are dropped and counted, and the next record let through says how
     many were suppressed. A client that repeats one bad message cannot fill the disk with one warning
-    per message (a buggy client produced 1.17 million log lines in 4 minutes). DEBUG/INFO pass
+    per message (a buggy client once sent the same bad message without pause). DEBUG/INFO pass
     (they are off by default). ``clock`` is for tests.
 
     Example (burst 2, period 60): warnings at t=0, 1, 2, 3 -> the first two pass, two are suppressed;

@@ -31,15 +31,14 @@ class ConnectionSettings:
     # peers that vanished without a FIN are found sooner by TCP keepalive (on for every connection).
     # A connection waiting for one of its requests is never idle. 0 = never close.
     idle_timeout_s: float = 8 * 3600.0
-    # An idle authenticated connection costs ~30 KB of server memory, a silent unauthenticated one
-    # ~20 KB (measured, docs/team.md): 256 are under 10 MB, and more editors than one engine serves
-    # at interactive latency.
+    # An idle connection costs little server memory (docs/team.md, "What a connection costs"), and
+    # this is more editors than one engine serves at interactive latency.
     max_connections: int = 256
     # One developer runs a few editors; a team behind NAT shares an address. Behind a proxy on the same
     # host every client comes from 127.0.0.1: raise it to max_connections there.
     max_per_address: int = 32
-    # initialize with full client capabilities is ~10 KB; before a token is checked a client gets no
-    # more than this (a 64 MB "message" from a stranger would be framed and parsed for nothing).
+    # Far more than an initialize with full client capabilities; before a token is checked a client gets
+    # no more than this (a maximum-size "message" from a stranger would be framed and parsed for nothing).
     max_unauthenticated_bytes: int = 1 << 20
 
 
