@@ -2,8 +2,7 @@
 
 - ``loop.generate(target, prompt, drafter, settings, eos_ids, cancelled, stop)`` -> DecodeResult
 - ``acceptance``: ``greedy_accept``, ``rejection_accept``, ``process_logits``, ``sample``
-- ``drafters``: ``PromptLookupDrafter``, ``DraftModelDrafter``, ``HybridDrafter``, ``DrafterSettings``
+- ``drafters``: ``PromptLookupDrafter``, ``DraftModelDrafter``, ``DrafterSettings``
+- ``planned``: ``PlannedDrafter``, the drafting policy (``policy.plan_pass``) choosing each pass's draft
 - ``ngram``: ``NgramIndex`` (incremental, many documents), ``lookup`` across ranked sources
-- ``gamma``: ``GammaController`` (adaptive gamma, "speculation pays" check)
-- ``testing``: ``FakeLM``, ``ScriptedDrafter`` for tests and benchmarks
 """

@@ -178,25 +178,17 @@ class DecodeSettings:
     """How one generation runs. Passed whole to the decode loop."""
 
     max_new_tokens: int = 64
-    gamma: int = 5  # initial speculation length
-    gamma_min: int = 1
-    gamma_max: int = 12
-    adaptive_gamma: bool = True
+    # The most tokens one pass drafts (0 = none); the drafter picks each pass's length up to it.
+    draft_length: int = 12
     temperature: float = 0.0  # 0 = greedy (deterministic, == plain greedy decoding)
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     seed: int | None = None
     deadline_s: float | None = None  # wall-clock budget for the decode phase, None = none
-    # "Speculation pays" check: c = cost of one drafted token relative to one target pass (None =
-    # measure it with the clock); drafting is switched off for a while when the estimated speedup
-    # (tokens per pass / relative pass cost) falls below min_speedup. 0 = off, the default: on the
-    # bundled pair it cost ~20% of the tokens per pass (2.2 vs 2.8) for no wall-clock gain.
-    draft_cost_ratio: float | None = None
-    min_speedup: float = 0.0
     # The prompt is prefilled in runs of at most this many tokens, ``cancelled`` checked between them:
-    # a keystroke's tail (tens of tokens) stays one run, while a cold ~800-token prompt (~10-20 s on
-    # a CPU at 1.5B) stops within one run of a cancel and keeps the runs done, which the next
-    # keystroke's prompt shares. 0 = one run.
+    # a keystroke's tail stays one run, while a cold prompt of hundreds of tokens (seconds on a CPU)
+    # stops within one run of a cancel and keeps the runs done, which the next keystroke's prompt
+    # shares. 0 = one run.
     prefill_chunk: int = 128
     # An uncached prompt part this short (a keystroke's typed tokens plus a PSM suffix window) is fed
     # with the first pass instead of a run of its own: on a CPU a pass over a few more tokens costs far

@@ -1,7 +1,9 @@
-"""Drafters: prompt lookup (n-gram index over the current sequence, the suffix and the open buffers),
-a small same-tokenizer draft model with its own KV cache, and a hybrid of the two.
+"""Drafters: prompt lookup (n-gram index over the current sequence, the suffix and the open buffers)
+and a small same-tokenizer draft model with its own KV cache.
 
-All subclass the ``Drafter`` protocol of ``specls.decoder.api``. Stats are keyed by the sub-drafter that proposed each token ("lookup", "draft").
+Both subclass the ``Drafter`` protocol of ``specls.decoder.api``; the drafting policy
+(``specls.decoder.planned.PlannedDrafter``) combines them and picks each pass's length. Stats are keyed
+by the sub-drafter that proposed each token ("lookup", "draft").
 """
 
 from __future__ import annotations
@@ -26,35 +28,23 @@ class DrafterSettings:
     # Shortest context tail that may match. 1: a match of the last token alone is a guess, but a
     # target's one-token pass is padded to two rows anyway (``RuntimeSettings.even_passes``), so a
     # one-token guess rides free, and the policy prices such matches apart (``PolicyState.lookup_guess``).
-    # Qwen 1.5B/0.5B int8 on a 2-core AVX2 CPU, the policy (bench/README.md "One-token lookup
-    # matches"): replay of 24 points estimated 64 tokens 1.87x -> 2.06x, short 1.09x -> 1.21x; measured
-    # (runs 21 -> 24, 2 threads) 19.31 -> 19.81 tok/s on 64 tokens, short 0.95x -> 1.27x plain.
     lookup_min_n: int = 1
     lookup_max_n: int = 4  # longest context tail tried first
-    # Without the drafting policy (which prices a guess in a table of its own), a one-token match
-    # proposes at most this many tokens: the first rides the pad row free, the rest cost rows and
-    # are right less often than not (bench/README.md "One-token lookup matches": 41% at the first
-    # token). Replay of 24 points with `drafting_policy` off, 1 vs unlimited: 64 tokens 1.65x ->
-    # 1.69x, short 1.03x -> 1.10x (the policy: 1.72x, 1.11x).
+    # Lookup on its own (no policy: ``PromptLookupDrafter.propose``) proposes at most this many tokens
+    # of a one-token match: the first rides the pad row free, the rest cost rows and are right less
+    # often than not.
     lookup_guess_tokens: int = 1
-    hybrid_min_match: int = 3  # the hybrid uses a lookup proposal only when its match is this long
-    hybrid_extend: bool = True  # extend a lookup proposal shorter than k with the draft model
-    hybrid_extend_min: int = 2  # ... when at least this many tokens are left to draft
     draft_sample: bool = True  # sampling mode: the draft model samples (exact q) instead of greedy
     draft_min_confidence: float = 0.0  # greedy: stop drafting when the draft's top prob is below this
     # The draft model sees at most the last this many context tokens (``draft_view_start``; 0 = all).
     # Its proposals only move acceptance, and a fresh prompt's catch-up is what keeps it from paying:
-    # Qwen2.5-Coder 0.5B int8 of a 1.5B int8 target, 1 thread, costs 0.031 target passes a token, so
-    # a 628-token FIM prompt was ~19 passes behind (more than a 64-token completion saves) and the
-    # policy stayed on lookup.
+    # a long FIM prompt can cost the draft model more passes to catch up on than a completion saves.
     draft_window: int = 256
 
     def __post_init__(self) -> None:
         checks = (
             (1 <= self.lookup_min_n <= self.lookup_max_n, "need 1 <= lookup_min_n <= lookup_max_n"),
             (self.lookup_guess_tokens >= 0, "lookup_guess_tokens must not be negative"),
-            (self.hybrid_min_match >= 0, "hybrid_min_match must not be negative"),
-            (self.hybrid_extend_min >= 0, "hybrid_extend_min must not be negative"),
             (0.0 <= self.draft_min_confidence <= 1.0, "draft_min_confidence must be in [0, 1]"),
             (self.draft_window >= 0, "draft_window must not be negative (0 = all)"),
         )
@@ -83,7 +73,7 @@ def draft_view_start(n: int, window: int) -> int:
 
 
 def unplanned_proposal(match: LookupMatch | None, k: int, settings: DrafterSettings) -> list[int]:
-    """What a lookup match proposes when no policy plans it: up to ``k`` of its tokens, a guess (a
+    """What a lookup match proposes when lookup drafts on its own, not planned by the policy: up to ``k`` of its tokens, a guess (a
     one-token match) at most ``settings.lookup_guess_tokens``.
 
     Example, k = 4 and ``lookup_guess_tokens`` 1: a 3-token match continuing [7, 8, 9, 5] proposes
@@ -269,67 +259,6 @@ class DraftModelDrafter(Drafter):
 
     def proposal_sources(self) -> Sequence[str]:
         return [self.name] * self._n
-
-
-class HybridDrafter(Drafter):
-    """Lookup when it has a long enough match (``hybrid_min_match``), extended with the draft model
-    when shorter than k; otherwise the draft model. Either part may be None."""
-
-    name = "hybrid"
-
-    def __init__(
-        self,
-        lookup: PromptLookupDrafter | None,
-        model: DraftModelDrafter | None,
-        settings: DrafterSettings = DEFAULT_DRAFTER_SETTINGS,
-    ) -> None:
-        self.lookup = lookup
-        self.model = model
-        self.settings = settings
-        self._sources: list[str] = []
-        self._q: np.ndarray | None = None
-
-    def begin(self, settings: DecodeSettings) -> None:
-        for part in (self.lookup, self.model):
-            if part is not None:
-                part.begin(settings)
-
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        self._sources, self._q = [], None
-        if k <= 0 or not context:
-            return []
-        s = self.settings
-        tokens: list[int] = []
-        if self.lookup is not None:
-            m = self.lookup.match(context, k)
-            if m is not None and (m.n >= s.hybrid_min_match or self.model is None):
-                tokens = unplanned_proposal(m, k, s)
-        n_lookup = len(tokens)
-        model_q: np.ndarray | None = None
-        if self.model is not None:
-            if not tokens:
-                tokens = self.model.propose(context, k)
-                model_q = self.model.proposal_probs()
-            elif s.hybrid_extend and k - n_lookup >= s.hybrid_extend_min:
-                tokens += self.model.propose([*context, *tokens], k - n_lookup)
-                model_q = self.model.proposal_probs()
-        n_model = len(tokens) - n_lookup
-        self._sources = [PromptLookupDrafter.name] * n_lookup + [DraftModelDrafter.name] * n_model
-        self._q = point_masses_then(tokens, n_lookup, model_q)
-        return tokens
-
-    def observe(self, n_accepted: int, n_verified: int) -> None:
-        n_lookup = self._sources.count(PromptLookupDrafter.name)
-        if self.lookup is not None and n_lookup:
-            self.lookup.observe(min(n_accepted, n_lookup), min(n_verified, n_lookup))
-        if self.model is not None and len(self._sources) > n_lookup:
-            self.model.observe(max(0, n_accepted - n_lookup), max(0, n_verified - n_lookup))
-
-    def proposal_probs(self) -> np.ndarray | None:
-        return self._q
-
-    def proposal_sources(self) -> Sequence[str]:
-        return list(self._sources)
 
 
 def point_masses_then(tokens: Sequence[int], n_point: int, model_q: np.ndarray | None) -> np.ndarray | None:

@@ -27,12 +27,10 @@ from specls.decoder.api import (
     Stop,
     never_cancelled,
 )
-from specls.decoder.gamma import GammaController, GammaPolicy
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-DEFAULT_POLICY = GammaPolicy()
 
 
 def _sources(drafter: Drafter, n: int) -> list[str]:
@@ -41,10 +39,10 @@ def _sources(drafter: Drafter, n: int) -> list[str]:
 
 
 def _proposal(
-    drafter: Drafter, seq: list[int], gamma: int, sampling: bool
+    drafter: Drafter, seq: list[int], k: int, sampling: bool
 ) -> tuple[list[int], np.ndarray | None]:
-    """draft: [n <= gamma] ids, q: [n, vocab] or None (point mass); raises on a malformed proposal."""
-    draft = [int(t) for t in drafter.propose(seq, gamma)[:gamma]]
+    """draft: [n <= k] ids, q: [n, vocab] or None (point mass); raises on a malformed proposal."""
+    draft = [int(t) for t in drafter.propose(seq, k)[:k]]
     if any(t < 0 for t in draft):
         raise ValueError(f"negative token id in proposal {draft}")
     q = drafter.proposal_probs() if sampling and draft else None
@@ -55,8 +53,7 @@ def _proposal(
 
 def _horizon(draft: list[int], out: list[int], eos_ids: frozenset[int], stop: Stop | None) -> int:
     """Draft tokens worth verifying: through the first eos id or the token at which ``stop`` would end
-    the decode; the ones after could never be committed, and each verified row costs (on a CPU about
-    a fifth of a one-token pass).
+    the decode; the ones after could never be committed, and on a CPU each verified row costs.
 
     >>> _horizon([4, 2, 5, 6], [], frozenset({2}), None)   # Not 4: 5 and 6 would follow an eos
     2
@@ -88,6 +85,125 @@ def _record(result: DecodeResult, sources: list[str], n_accepted: int) -> None:
         result.accept_hist[i] += 1
 
 
+def _check(target: KVCache, prompt: list[int], settings: DecodeSettings) -> None:
+    if not prompt:
+        raise ValueError("generate needs a non-empty prompt")
+    if not 0 <= target.length <= len(prompt):
+        raise ValueError(f"target cache holds {target.length} positions, prompt has {len(prompt)}")
+    if settings.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {settings.temperature}")
+
+
+def _prefill(
+    target: KVCache,
+    prompt: list[int],
+    settings: DecodeSettings,
+    cancelled: CancelCheck,
+    clock: Clock,
+    result: DecodeResult,
+) -> bool:
+    """Bring the cache to prompt[:-1] (the last prompt token is fed with the first pass), in runs of
+    ``prefill_chunk`` tokens; a short uncached tail (``fold_prefill``) is left to ride with the first
+    pass instead. False: cancelled between runs, the runs done kept in the cache."""
+    t0 = clock()
+    if target.length == len(prompt):
+        target.truncate(len(prompt) - 1)
+    held = target.length
+    chunk = settings.prefill_chunk if settings.prefill_chunk > 0 else len(prompt)
+    fold = len(prompt) - 1 - held <= settings.fold_prefill
+    done = True
+    while not fold and target.length < len(prompt) - 1:
+        if target.length > held and cancelled():
+            done = False
+            break
+        end = min(len(prompt) - 1, target.length + chunk)
+        target.append(prompt[target.length : end])  # prompt positions' logits: not needed
+    result.prefill_tokens = (len(prompt) if done else target.length) - held
+    result.prefill_ms = (clock() - t0) * 1e3
+    return done
+
+
+def _begin(drafter: Drafter | None, settings: DecodeSettings) -> Drafter | None:
+    if drafter is None:
+        return None
+    try:
+        drafter.begin(settings)
+    except Exception:
+        log.warning("drafter %s failed to start; decoding without it", drafter.name, exc_info=True)
+        return None
+    return drafter
+
+
+def _draft(
+    drafter: Drafter | None,
+    seq: list[int],
+    out: list[int],
+    k: int,
+    sampling: bool,
+    eos_ids: frozenset[int],
+    stop: Stop | None,
+) -> tuple[Drafter | None, list[int], np.ndarray | None]:
+    """This pass's draft (at most ``k`` tokens, none past a stop or an eos) and its q; a drafter that
+    fails comes back None and is not asked again: speculation is only an optimisation."""
+    if drafter is None or k <= 0:
+        return drafter, [], None
+    try:
+        draft, q = _proposal(drafter, seq, k, sampling)
+    except Exception:
+        log.warning("drafter %s failed; decoding without it", drafter.name, exc_info=True)
+        return None, [], None
+    draft = draft[: _horizon(draft, out, eos_ids, stop)]
+    return drafter, draft, (q[: len(draft)] if q is not None else None)
+
+
+def _verify(
+    target: KVCache,
+    seq: list[int],
+    draft: list[int],
+    q: np.ndarray | None,
+    settings: DecodeSettings,
+    rng: np.random.Generator,
+    clock: Clock,
+    result: DecodeResult,
+) -> tuple[int, int]:
+    """One target pass over [uncached prompt tail..., last committed, *draft]: the drafted tokens
+    accepted and the target's own next token. The pass is counted and timed in ``result``."""
+    feed = [*seq[target.length :], *draft]
+    tail = len(feed) - len(draft) - 1
+    ids = np.asarray(draft, dtype=np.int64)
+    t0 = clock()
+    if settings.temperature > 0.0:
+        logits = target.forward(feed)[tail:]  # logits: [n+1, vocab]
+        t1 = clock()
+        p = process_logits(logits, settings.temperature, settings.top_k, settings.top_p)  # [n+1, vocab]
+        if q is not None and q.shape[-1] != p.shape[-1]:
+            q = _fit_vocab(q, p.shape[-1])
+        n_acc, nxt = rejection_accept(ids, q, p, rng)
+    else:  # only the argmax ids come back (on a device cache they are taken there)
+        best = target.forward_greedy(feed)[tail:]  # best: [n+1]
+        t1 = clock()
+        n_acc, nxt = greedy_accept_ids(ids, best)
+    result.target_passes += 1
+    result.pass_ms.append((len(feed), (t1 - t0) * 1e3))
+    return n_acc, nxt
+
+
+def _commit(
+    tokens: list[int], seq: list[int], out: list[int], eos_ids: frozenset[int], stop: Stop | None, limit: int
+) -> str:
+    """Commit ``tokens`` one by one, so that every stop lands exactly: "" or why the decode ends."""
+    for tok in tokens:
+        if tok in eos_ids:
+            return "eos"
+        out.append(tok)
+        seq.append(tok)
+        if stop is not None and stop(out):
+            return "stop"
+        if len(out) >= limit:
+            return "max_tokens"
+    return ""
+
+
 def generate(
     target: KVCache,
     prompt: Sequence[int],
@@ -98,14 +214,14 @@ def generate(
     stop: Stop | None = None,
     *,
     clock: Clock = time.perf_counter,
-    policy: GammaPolicy = DEFAULT_POLICY,
 ) -> DecodeResult:
     """Decode up to ``settings.max_new_tokens`` tokens after ``prompt`` with the target model.
 
     ``target`` may already hold a prefix of ``prompt`` (the caller guarantees its positions are exactly
     ``prompt[:target.length]``); only the rest is computed. Greedy (temperature 0): tokens equal plain
     greedy decoding of the target, token for token, whatever the drafter proposes. Sampling: exact
-    rejection sampling with ``np.random.default_rng(settings.seed)``.
+    rejection sampling with ``np.random.default_rng(settings.seed)``. The drafter is offered
+    ``settings.draft_length`` tokens a pass (fewer near ``max_new_tokens``) and picks how many to draft.
 
     Stops: an eos id (not included in tokens), max_new_tokens (never exceeded), ``stop(tokens)`` True
     (tokens so far included; no draft token past ``stop.horizon`` or an eos is verified), the
@@ -115,47 +231,16 @@ def generate(
     (the last one is fed with the first decode pass).
     """
     prompt = [int(t) for t in prompt]
-    if not prompt:
-        raise ValueError("generate needs a non-empty prompt")
-    if not 0 <= target.length <= len(prompt):
-        raise ValueError(f"target cache holds {target.length} positions, prompt has {len(prompt)}")
-    if settings.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {settings.temperature}")
+    _check(target, prompt, settings)
     result = DecodeResult(tokens=[])
     if settings.max_new_tokens <= 0:
         return result
-    if cancelled():
+    if cancelled() or not _prefill(target, prompt, settings, cancelled, clock, result):
         result.stop_reason = "cancelled"
         return result
-
-    # Prefill: the cache must hold prompt[:-1]; the last prompt token is fed with the first pass.
-    # In runs of prefill_chunk tokens; a cancel between runs keeps the runs done in the cache.
-    t0 = clock()
-    if target.length == len(prompt):
-        target.truncate(len(prompt) - 1)
-    held = target.length
-    chunk = settings.prefill_chunk if settings.prefill_chunk > 0 else len(prompt)
-    fold = len(prompt) - 1 - held <= settings.fold_prefill  # the tail rides with the first pass
-    while not fold and target.length < len(prompt) - 1:
-        if target.length > held and cancelled():
-            result.prefill_tokens = target.length - held
-            result.prefill_ms = (clock() - t0) * 1e3
-            result.stop_reason = "cancelled"
-            return result
-        end = min(len(prompt) - 1, target.length + chunk)
-        target.append(prompt[target.length : end])  # prompt positions' logits: not needed
-    result.prefill_tokens = len(prompt) - held
-    result.prefill_ms = (clock() - t0) * 1e3
-
+    drafter = _begin(drafter, settings)
     sampling = settings.temperature > 0.0
     rng = np.random.default_rng(settings.seed)
-    if drafter is not None:
-        try:
-            drafter.begin(settings)
-        except Exception:
-            log.warning("drafter %s failed to start; decoding without it", drafter.name, exc_info=True)
-            drafter = None
-    control = GammaController(settings, policy)
     seq = prompt  # committed tokens; target.length == len(seq) - 1 between passes (after the first)
     out = result.tokens
     t_decode = clock()
@@ -164,54 +249,15 @@ def generate(
         if cancelled():
             reason = "cancelled"
             break
-        gamma = control.gamma(settings.max_new_tokens - len(out))
-        draft: list[int] = []
-        q: np.ndarray | None = None
-        t_draft = clock()
-        if drafter is not None and gamma > 0:
-            try:
-                draft, q = _proposal(drafter, seq, gamma, sampling)
-            except Exception:  # speculation is only an optimisation: go on without the drafter
-                log.warning("drafter %s failed; decoding without it", drafter.name, exc_info=True)
-                drafter, draft, q = None, [], None
-        draft = draft[: _horizon(draft, out, eos_ids, stop)]  # nothing past a stop is verified
-        q = q[: len(draft)] if q is not None else None
-        t_target = clock()
+        # the accepted tokens and the target's own one must fit in what is left
+        k = min(settings.draft_length, settings.max_new_tokens - len(out) - 1)
+        drafter, draft, q = _draft(drafter, seq, out, k, sampling, eos_ids, stop)
         base = len(seq) - 1  # the last committed token's position (== target.length but for a tail)
-        feed = [*seq[target.length :], *draft]  # [tail..., last committed, *draft]
-        tail = len(feed) - len(draft) - 1
-        if sampling:
-            logits = target.forward(feed)[tail:]  # logits: [n+1, vocab]
-            t_done = clock()
-            p = process_logits(logits, settings.temperature, settings.top_k, settings.top_p)  # [n+1, vocab]
-            if q is not None and q.shape[-1] != p.shape[-1]:
-                q = _fit_vocab(q, p.shape[-1])
-            n_acc, nxt = rejection_accept(np.asarray(draft, dtype=np.int64), q, p, rng)
-        else:  # only the argmax ids come back (on a device cache they are taken there)
-            best = target.forward_greedy(feed)[tail:]  # best: [n+1]
-            t_done = clock()
-            n_acc, nxt = greedy_accept_ids(np.asarray(draft, dtype=np.int64), best)
-        result.target_passes += 1
-        result.pass_ms.append((len(feed), (t_done - t_target) * 1e3))
-        if draft:
-            assert drafter is not None
+        n_acc, nxt = _verify(target, seq, draft, q, settings, rng, clock, result)
+        if draft and drafter is not None:
             drafter.observe(n_acc, len(draft))
             _record(result, _sources(drafter, len(draft)), n_acc)
-            control.observe(len(draft), n_acc, t_target - t_draft, None if tail else t_done - t_target)
-        elif not tail:
-            control.observe_plain(t_done - t_target)
-        for tok in [*draft[:n_acc], nxt]:  # commit token by token so every stop lands exactly
-            if tok in eos_ids:
-                reason = "eos"
-                break
-            out.append(tok)
-            seq.append(tok)
-            if stop is not None and stop(out):
-                reason = "stop"
-                break
-            if len(out) >= settings.max_new_tokens:
-                reason = "max_tokens"
-                break
+        reason = _commit([*draft[:n_acc], nxt], seq, out, eos_ids, stop, settings.max_new_tokens)
         if result.target_passes == 1:
             result.first_pass_ms, result.first_pass_tokens = (clock() - t_decode) * 1e3, len(out)
         # Valid cache positions: the base, the fed last token, and the accepted drafts, cut to seq.

@@ -88,7 +88,7 @@ def plain_greedy_margin(
     if not 0 <= j <= len(tokens):
         raise ValueError(f"position {j} outside the {len(tokens)} generated tokens")
     cache = _LastLogits(lm.new_cache())
-    generate(cache, prompt, None, replace(settings, max_new_tokens=1, gamma=0), frozenset())
+    generate(cache, prompt, None, replace(settings, max_new_tokens=1, draft_length=0), frozenset())
     assert cache.last is not None  # the one pass of a one-token decode
     logits = cache.last
     for t in tokens[:j]:  # the cache holds the prompt: each pass feeds the last committed token

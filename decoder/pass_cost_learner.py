@@ -1,10 +1,9 @@
 """Pass costs learned from the decode's own passes, starting from the load-time calibration.
 
 ``calibrate`` (``decoder/planned.py``) times a pair once, for about a second, after a 32-token
-context. A CPU host does not keep one speed: on a Zen 5 host the int8 Qwen 1.5B's 4-row pass cost
-1.08-1.19x its 2-row pass most of the time and 1.36-1.48x for ~10 s at a time, and 20 calibrations in
-four processes priced 3-4 drafted tokens anywhere in 1.07-1.39 one-token passes (bench/README.md,
-runs 33-35). The plans that follow are only as good as the sample. ``PassCostLearner`` keeps what
+context. A CPU host does not keep one speed: what a bigger pass costs next to a one-token pass drifts
+for seconds at a time, so calibrations of one pair on one host disagree, and the plans that follow
+are only as good as the sample. ``PassCostLearner`` keeps what
 the decode loop measured (every target pass: tokens fed and milliseconds; every draft-model feed
 likewise) as decayed sums per pass size, and prices a pass of g drafted tokens at
 
@@ -65,8 +64,8 @@ class PassCostLearner:
     # the calibration counts as this many passes of each size: a few passes' worth, so that one slow
     # pass (a page fault, a neighbour's burst) moves a price little and a minute of passes decides
     prior_weight: float = 8.0
-    # per observed target pass; 0.99 keeps ~100 passes' memory: 5-10 s of a 1.5B decode on 2 cores,
-    # the length of the host modes measured on Zen 5 (bench/README.md, runs 33-35)
+    # per observed target pass; 0.99 keeps about 100 passes' memory: seconds of decoding, about as long
+    # as a host keeps one speed
     decay: float = 0.99
     _target: dict[int, _Mean] = field(default_factory=dict)  # rows computed -> ms of such passes
     _step: _Mean = field(default_factory=_Mean)  # ms of a one-token draft feed

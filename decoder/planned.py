@@ -47,7 +47,7 @@ class PolicyState:
     # Lookup on a match of the context's last token alone (``DrafterSettings.lookup_min_n`` 1), after
     # a hit too: a guess, right far less often than a longer match, kept apart so that it neither
     # shortens the longer matches' proposals nor is trusted like them. It pays where a CPU verifies
-    # a few extra rows at about no cost (bench/README.md "One-token lookup matches"). Prior 0.3.
+    # a few extra rows at about no cost. Prior 0.3.
     lookup_guess: AcceptanceByPosition = field(
         default_factory=lambda: AcceptanceByPosition(prior=(0.3, 0.5, 0.5))
     )
@@ -55,13 +55,12 @@ class PolicyState:
     length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
     # The same for requests that end at a text stop (the end of the line, a line-first answer), kept
     # apart: in one figure, long completions made short ones start the draft model, whose catch-up
-    # they never repay (bench/README.md, run 15). Prior 8: the 8 short points there ran 4.6 tokens.
+    # they never repay. Prior 8: a line is a few tokens.
     stop_length: float = 8.0
     # The share of a request's tokens that lookup did not copy (accepted lookup tokens are the rest):
     # the tokens a draft model that must first catch up can speed up at all. Without
     # it, every request that starts without a match paid a whole view's catch-up, and most then copied
-    # on lookup: Qwen 1.5B/0.5B int8 on an AVX2 CPU (catch-up 0.06 passes a token), 32 held-out 64-token
-    # points, scripts/policy_replay.py: est. 1.63x vs lookup alone 1.90x. Prior 0.5; per class as above.
+    # on lookup, slower than lookup alone. Prior 0.5; per class as above.
     unmatched: float = 0.5
     stop_unmatched: float = 0.5
     choices: Counter[str] = field(default_factory=Counter)  # passes by plan: plain/lookup/model/lookup+model
@@ -243,7 +242,7 @@ def calibrate(
     prefix: int = 32,
     points: Sequence[int] = (1, 3, 8),  # the verify curve is close to linear between them
     catchup_tokens: int = 16,
-    rounds: int = 3,  # each round ~1 s for the int8 Qwen 1.5B/0.5B at 1 thread
+    rounds: int = 3,  # a few: the fastest of them counts, and each costs every shape once
 ) -> PassCosts:
     """Measure a pair's pass costs: a target pass over g+1 tokens for g in ``points`` (interpolated
     between them) and a one-token draft pass, both relative to a one-token target pass after a
@@ -255,13 +254,11 @@ def calibrate(
     a warm-up round that is thrown away (a shape's first pass also pays ORT's allocations for it), then
     ``rounds`` rounds that each time every shape once; each shape's fastest round counts. A busy host
     only ever adds time to a pass, so the fastest is the least disturbed, and since the rounds
-    interleave the shapes, a host whose speed changes between minutes (15-25% on a shared CPU) gives
-    every shape the same fast minutes instead of some shapes a slow one (bench/README.md
-    "Calibration in rounds").
+    interleave the shapes, a host whose speed changes between minutes (a shared CPU) gives every
+    shape the same fast minutes instead of some shapes a slow one.
 
-    Costs two 32-token prefills and 4 rounds of 4 target and 2 draft passes at load: 4.3-5.0 s for the
-    int8 Qwen 1.5B/0.5B pair at 1 thread on the 2-core CPU (2.5-3.0 s before the rounds), milliseconds
-    for the bundled pair."""
+    Costs two 32-token prefills and 4 rounds of 4 target and 2 draft passes at load: seconds for a
+    1.5B pair on a CPU, milliseconds for the bundled pair."""
     vocab = target.vocab_size
     k = max(1, target.pass_granularity)
     rows = sorted({pass_rows(g + 1, k) for g in (0, *points)})  # [one-token pass, ...]

@@ -15,7 +15,6 @@ from typing import Protocol
 
 import numpy as np
 from specls.decoder.api import DecodeSettings, Drafter
-from specls.decoder.gamma import adapt_gamma
 from specls.decoder.text import REPLACEMENT, Detokenizer, IncrementalText, visible_offsets
 
 REUSE = "reuse"  # per_drafter key of the completion-reuse drafter
@@ -108,18 +107,15 @@ class CompletionReuseDrafter(Drafter):
 
 
 class ReuseFirstDrafter(Drafter):
-    """Completion reuse first, then the regular drafter (``inner``, may be None). The loop's gamma is
-    sized for the reuse proposal, so the regular drafter's length adapts here instead, by the loop's
-    own rule (``decoder.gamma.adapt_gamma``) between 1 and ``gamma_max``."""
+    """Completion reuse first, then the regular drafter (``inner``, may be None). The loop offers
+    enough tokens for the reuse proposal; the regular drafter is offered at most ``draft_length`` of
+    them, its own cap, and picks its length within it as it would without reuse."""
 
-    def __init__(
-        self, reuse: CompletionReuseDrafter, inner: Drafter | None, gamma: int, gamma_max: int
-    ) -> None:
+    def __init__(self, reuse: CompletionReuseDrafter, inner: Drafter | None, draft_length: int) -> None:
         self.name = REUSE if inner is None else f"{REUSE}+{inner.name}"
         self._reuse = reuse
         self._inner = inner
-        self._inner_k = max(1, gamma)
-        self._inner_max = max(1, gamma_max)
+        self._inner_k = max(1, draft_length)
         self._from_reuse = False
         self._n = 0
 
@@ -140,7 +136,6 @@ class ReuseFirstDrafter(Drafter):
             self._reuse.observe(n_accepted, n_verified)
         elif self._inner is not None:
             self._inner.observe(n_accepted, n_verified)
-            self._inner_k = adapt_gamma(self._inner_k, n_verified, n_accepted, 1, self._inner_max)
 
     def proposal_probs(self) -> np.ndarray | None:
         if self._from_reuse or self._inner is None:

@@ -11,7 +11,7 @@ import signal
 import sys
 from typing import Any
 
-from specls.lsp.settings import ServerSettings
+from specls.lsp.settings import ServerSettings, parse_draft_length
 
 from specls.api import Engine
 
@@ -33,6 +33,14 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, number
 
 
+def draft_length(value: str) -> int:
+    """``--draft-length``: the LSP setting's range (``draftLength``)."""
+    try:
+        return parse_draft_length(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad draft length {value!r}: {exc}") from None
+
+
 def make_engine(settings: ServerSettings) -> Engine:
     """The in-process ONNX engine for these settings (heavy imports happen here)."""
     from specls.engine import EngineSettings, OnnxEngine
@@ -43,7 +51,7 @@ def make_engine(settings: ServerSettings) -> Engine:
         "draft_model": settings.draft_model,
         "speculation": settings.speculation,
         "type_ahead": settings.type_ahead,
-        "gamma": settings.gamma,
+        "draft_length": settings.draft_length,
         "threads": settings.threads,  # 0 = auto in both
     }
     return OnnxEngine(dataclasses.replace(EngineSettings(), **updates))
@@ -68,6 +76,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         updates["threads"] = args.threads
     if args.max_tokens is not None:
         updates["max_tokens"] = args.max_tokens
+    if args.draft_length is not None:
+        updates["draft_length"] = args.draft_length
     return dataclasses.replace(settings, **updates)
 
 
@@ -275,6 +285,13 @@ def register(sub: Any) -> None:
         help="onnxruntime intra-op threads (default 0: the CPUs less one, 1 to 4)",
     )
     serve.add_argument("--max-tokens", type=int, metavar="N", help="tokens per completion (default 64)")
+    serve.add_argument(
+        "--draft-length",
+        type=draft_length,
+        metavar="N",
+        help="the most tokens one pass drafts (default 12); the drafting policy picks each pass's "
+        "length up to it",
+    )
     from specls.team.cli import add_engine_arguments, add_team_arguments
 
     add_engine_arguments(serve, model_args=False)  # --engine onnx|remote|fake

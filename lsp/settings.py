@@ -18,7 +18,9 @@ MULTILINE_MODES = ("auto", "always", "never")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 
 # Settings that only take effect when the engine is (re)built, i.e. before the model is loaded.
-ENGINE_FIELDS = frozenset({"model", "draft", "speculation", "draft_model", "type_ahead", "gamma", "threads"})
+ENGINE_FIELDS = frozenset(
+    {"model", "draft", "speculation", "draft_model", "type_ahead", "draft_length", "threads"}
+)
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,10 @@ class ServerSettings:
     draft_model: bool = True  # use the draft model (off = prompt lookup drafts only)
     # typing into a suggestion shows its rest at once (off: each keystroke is decoded again, exact for it)
     type_ahead: bool = True
-    gamma: int = 5  # initial draft length
+    # the most tokens one pass drafts; the drafting policy picks each pass's length up to it
+    draft_length: int = 12
     # onnxruntime intra-op threads; 0 = unset: the engine's default, auto (the CPUs less one, 1 to 4:
-    # specls.models.runtime.auto_threads; an idle 2-core CPU decodes 1.69x faster with 2)
+    # specls.models.runtime.auto_threads; a second thread pays even on a 2-core CPU)
     threads: int = 0
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
@@ -56,7 +59,6 @@ def _snake(key: str) -> str:
 
 _ALIASES = {
     "max_new_tokens": "max_tokens",
-    "draft_length": "gamma",
     "enabled_languages": "languages",
     "token": "team_token",  # the team service reads {"token": ...} (specls.team.auth)
     "drafting": "speculation",  # its former name (editor configs may still say it)
@@ -72,6 +74,11 @@ def _as_int(value: Any, lo: int, hi: int) -> int:
     if not lo <= number <= hi:
         raise ValueError(f"expected {lo}..{hi}")
     return number
+
+
+def parse_draft_length(value: Any) -> int:
+    """``draft_length`` (``draftLength``, ``--draft-length``): 1 to 32 drafted tokens a pass at most."""
+    return _as_int(value, 1, 32)
 
 
 def _as_bool(value: Any) -> bool:
@@ -108,8 +115,8 @@ def _convert(name: str, value: Any) -> Any:
         return _as_str(value)
     if name == "max_tokens":
         return _as_int(value, 1, 1024)
-    if name == "gamma":
-        return _as_int(value, 1, 32)
+    if name == "draft_length":
+        return parse_draft_length(value)
     if name == "threads":
         return _as_int(value, 0, 256)
     if name == "debounce_ms":

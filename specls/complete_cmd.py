@@ -66,7 +66,13 @@ def register(sub: Any) -> None:
     p.add_argument("--no-lookup", action="store_true", help="no prompt-lookup drafting")
     p.add_argument("--no-speculation", action="store_true", help="plain greedy decoding (reference)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--gamma", type=int, default=None, help="initial draft length")
+    p.add_argument(
+        "--draft-length",
+        type=int,
+        default=None,
+        help="the most tokens one pass drafts (default 12); the drafting policy picks each pass's "
+        "length up to it",
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument(
@@ -96,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 0 or (args.threads is not None and args.threads < 0) or args.temperature < 0:
         _err("--max-tokens, --threads and --temperature must not be negative")
         return 2
+    if args.draft_length is not None and args.draft_length < 1:
+        _err("--draft-length must be at least 1 (--no-speculation: no drafting)")
+        return 2
     base = EngineSettings()
     settings = EngineSettings(
         model=args.model,
@@ -103,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         draft_model=not args.no_draft,
         lookup=not args.no_lookup,
         speculation=not args.no_speculation,
-        gamma=args.gamma if args.gamma is not None else base.gamma,
+        draft_length=args.draft_length if args.draft_length is not None else base.draft_length,
         threads=args.threads or 0,  # 0: auto
         temperature=args.temperature,
         seed=args.seed,

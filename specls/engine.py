@@ -47,7 +47,7 @@ from specls.decoder.api import (
 )
 from specls.decoder.batching import BatchSettings
 from specls.decoder.buffer_index import BufferIndex, ReindexPolicy
-from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.ngram import common_prefix_len
 from specls.decoder.pass_cost_learner import PassCostLearner
@@ -82,14 +82,12 @@ class EngineSettings:
     draft_model: bool = True  # draft with the draft model
     lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
     speculation: bool = True  # False = plain greedy reference path (no drafter at all)
-    # with lookup on, plan every pass by measured costs and acceptance (decoder/planned.py: lookup /
-    # draft model / both / none; lookup or none without a draft model); False = the fixed hybrid rule
-    # (HybridDrafter), or lookup on the loop's adaptive gamma. Measured on the int4 Qwen 1.5B/0.5B
-    # pair: 1.72x plain on 64 tokens where the fixed rule gave 1.05x.
-    drafting_policy: bool = True
+    # the most tokens one pass drafts; the drafting policy (decoder/planned.py) picks each pass's length
+    # up to it, by measured pass costs and learned acceptance
+    draft_length: int = 12
     # keep the policy's pass costs per machine (specls.pass_costs_cache): a later load of the same models
-    # with the same settings skips the 2-3 s of timing; False measures at every load (the benchmarks do,
-    # so each run's costs are its own)
+    # with the same settings skips the seconds of timing; False measures at every load (the benchmarks
+    # do, so each run's costs are its own)
     costs_cache: bool = True
     # follow the host: the pass costs the policy plans with move with every request's own passes
     # (decoder/pass_cost_learner.py); False keeps the load's calibration for the engine's life
@@ -100,10 +98,6 @@ class EngineSettings:
     # completion reuse then verifies the rest in about one target pass, a prefill plus a pass on a CPU)
     type_ahead: bool = True
     prefix_reuse: bool = True
-    gamma: int = 5
-    gamma_max: int = 12
-    adaptive_gamma: bool = True
-    min_speedup: float = 0.0  # the loop's "speculation pays" check (DecodeSettings.min_speedup; 0 = off)
     threads: int = 0  # onnxruntime intra-op threads; 0 = auto (specls.models.runtime.auto_threads)
     provider: str = "auto"
     temperature: float = 0.0
@@ -137,9 +131,11 @@ class LoadedModels:
     start_ids: tuple[int, ...] = ()
     # what the drafting policy learned about this pair (pass costs calibrated at load, acceptance)
     policy: PolicyState = field(default_factory=PolicyState)
-    # the same for prompt lookup alone (no draft model, or ``draft_model`` off): its own learning, so
-    # that engines of one load with and without the draft model teach each other nothing
+    # the same for prompt lookup alone (no draft model, or ``draft_model`` off) and for the draft model
+    # alone (``lookup`` off): each learns on its own, so that engines of one load with other drafters
+    # teach each other nothing
     lookup_policy: PolicyState = field(default_factory=PolicyState)
+    draft_policy: PolicyState = field(default_factory=PolicyState)
 
 
 @dataclass
@@ -148,7 +144,7 @@ class _DocState:
     tokens: list[int] = field(default_factory=list)  # what ``cache`` holds
     draft_drafter: DraftModelDrafter | None = None  # keeps its own draft KV cache across requests
     lookup_drafter: PromptLookupDrafter | None = None  # keeps its context n-gram index
-    planned_drafter: PlannedDrafter | None = None  # the policy over those (lookup alone or both)
+    planned_drafter: PlannedDrafter | None = None  # the policy over those
     last: PreviousCompletion | None = None  # for completion reuse and type-ahead
 
 
@@ -231,8 +227,8 @@ class OnnxEngine:
             budget=prompt.budget,
             start_ids=prompt.start_ids,
         )
-        if s.speculation and s.drafting_policy and (draft is not None or s.lookup):
-            models.policy.costs = self._pass_costs(
+        if s.speculation and (draft is not None or s.lookup):
+            costs = self._pass_costs(
                 target,
                 draft,
                 target_dir,
@@ -240,9 +236,10 @@ class OnnxEngine:
                 {**dataclasses.asdict(runtime), "provider": models.provider},
                 say,
             )
-            models.lookup_policy.costs = models.policy.costs  # lookup alone plans by the verify costs
-            for policy in (models.policy, models.lookup_policy):  # each learns from its own requests
-                policy.learner = PassCostLearner(policy.costs, target.pass_granularity)
+            # each learns from its own requests (lookup alone plans by the verify costs only)
+            for policy in (models.policy, models.lookup_policy, models.draft_policy):
+                policy.costs = costs
+                policy.learner = PassCostLearner(costs, target.pass_granularity)
         self._init_parts(models)
         self._models = models
         say("ready", 1.0)
@@ -375,9 +372,9 @@ class OnnxEngine:
 
         cache = self._prefix_cache(models, state, prompt.tokens)
         kept = cache.length  # prompt tokens whose KV is reused
-        drafter, reuse, planned = self._drafter(models, state, request, prompt)
-        settings = self._decode_settings(max_new, reuse, request.speculation_cap, planned)
-        if settings.gamma_max <= 0:
+        drafter, reuse = self._drafter(models, state, request, prompt)
+        settings = self._decode_settings(max_new, reuse, request.speculation_cap)
+        if settings.draft_length <= 0:
             drafter, reuse = None, False
         early = EarlyStop(request.stop, request.early_stop) if request.early_stop is not None else None
         text_stop = early if early is not None else request.stop
@@ -392,7 +389,7 @@ class OnnxEngine:
             state.planned_drafter.end()  # its length teaches the policy the usual completion length
             # batched: shared passes; no pass: the decode ended before its drafters began, so the draft
             # model's feeds on record are the previous request's, already learned
-            if planned and self.settings.learn_costs and self._batching is None and out.pass_ms:
+            if self.settings.learn_costs and self._batching is None and out.pass_ms:
                 model = state.planned_drafter.model
                 self._policy_state(models).learn(out.pass_ms, model.feed_ms if model is not None else ())
 
@@ -553,38 +550,30 @@ class OnnxEngine:
         state.tokens = [*prompt.tokens, *out.tokens][: cache.length]
         return out
 
-    def _decode_settings(
-        self, max_new: int, reuse: bool, cap: int | None, planned: bool = False
-    ) -> DecodeSettings:
-        """``planned``: the drafting policy drafts (``PlannedDrafter``); it chooses each pass's length
-        itself, so the loop offers it gamma_max every pass instead of an adaptive gamma that would cap
-        the policy's lookup runs after each early rejection (32 held-out 64-token points,
-        scripts/policy_replay.py, Qwen 1.5B/0.5B int8 costs of a VNNI CPU: est. 2.20x vs 2.03x)."""
+    def _decode_settings(self, max_new: int, reuse: bool, cap: int | None) -> DecodeSettings:
+        """The loop offers ``draft_length`` tokens a pass (enough for a completion-reuse proposal when
+        there is one): the drafting policy picks each pass's length within it."""
         s = self.settings
-        gamma_max = max(s.gamma_max, s.reuse_max_draft) if reuse else s.gamma_max
-        gamma = gamma_max if reuse or planned else s.gamma
+        draft_length = max(s.draft_length, s.reuse_max_draft) if reuse else s.draft_length
         if cap is not None:  # a scheduler under load bounds speculation (0 = off)
-            gamma_max, gamma = min(gamma_max, max(0, cap)), min(gamma, max(0, cap))
+            draft_length = min(draft_length, max(0, cap))
         return DecodeSettings(
             max_new_tokens=max_new,
-            gamma=gamma,
-            gamma_min=1,
-            gamma_max=gamma_max,
-            adaptive_gamma=s.adaptive_gamma and not planned,
+            draft_length=draft_length,
             temperature=s.temperature,
             seed=s.seed,
             deadline_s=s.deadline_s,
-            min_speedup=s.min_speedup,
         )
 
     def _drafter(
         self, models: LoadedModels, state: _DocState, request: CompletionRequest, prompt: Prompt
-    ) -> tuple[Drafter | None, bool, bool]:
-        """The drafter for this request (None = plain greedy), whether completion reuse is on and
-        whether the drafting policy drafts."""
+    ) -> tuple[Drafter | None, bool]:
+        """The drafter for this request (None = plain greedy) and whether completion reuse is on.
+        Every drafting path is planned by the drafting policy, greedy or sampling (its proposals carry
+        the draft model's distributions)."""
         s = self.settings
         if not s.speculation:
-            return None, False, False
+            return None, False
         # per document, so their own indexes/caches carry over between keystrokes
         lookup = None
         if self._buffers is not None:
@@ -597,25 +586,20 @@ class OnnxEngine:
             if state.draft_drafter is None:
                 state.draft_drafter = DraftModelDrafter(models.draft, s.drafters)
             model = state.draft_drafter
-        inner: Drafter | None
-        if lookup is not None and s.drafting_policy:
+        inner: Drafter | None = None
+        if lookup is not None or model is not None:
             if state.planned_drafter is None:
                 state.planned_drafter = PlannedDrafter(lookup, model, self._policy_state(models))
             state.planned_drafter.end()  # the previous request learns under its own class
             state.planned_drafter.stopped = request.stop is not None or request.early_stop is not None
             inner = state.planned_drafter
-        elif lookup is not None and model is not None:
-            inner = HybridDrafter(lookup, model, s.drafters)
-        else:
-            inner = lookup if lookup is not None else model
         reuse_drafter = self._reuse_drafter(models, state, request, prompt)
-        drafter: Drafter | None = inner
+        drafter = inner
         if reuse_drafter is not None:
-            drafter = ReuseFirstDrafter(reuse_drafter, inner, s.gamma, s.gamma_max)
+            drafter = ReuseFirstDrafter(reuse_drafter, inner, s.draft_length)
         if drafter is None:
-            return None, False, False
-        planned = inner is not None and inner is state.planned_drafter
-        return TimedDrafter(drafter), reuse_drafter is not None, planned
+            return None, False
+        return TimedDrafter(drafter), reuse_drafter is not None
 
     def _reuse_drafter(
         self, models: LoadedModels, state: _DocState, request: CompletionRequest, prompt: Prompt
@@ -651,13 +635,11 @@ class OnnxEngine:
         }
 
     def _policy_state(self, models: LoadedModels) -> PolicyState:
-        """The drafting policy this engine's requests plan with (``LoadedModels.lookup_policy`` for
-        lookup alone: ``_drafter`` uses the draft model exactly when this says so)."""
-        with_model = self.settings.draft_model and models.draft is not None
-        return models.policy if with_model else models.lookup_policy
-
-    def reset_stats(self) -> None:
-        self._counters.reset()
+        """The drafting policy this engine's requests plan with: the pair's, or lookup's or the draft
+        model's alone (``_drafter`` uses the draft model exactly when this says so)."""
+        if not (self.settings.draft_model and models.draft is not None):
+            return models.lookup_policy
+        return models.policy if self.settings.lookup else models.draft_policy
 
     def with_settings(self, settings: EngineSettings) -> OnnxEngine:
         """A new engine sharing this one's loaded models (documents, caches and stats are its own)."""

@@ -41,7 +41,7 @@ class BenchOptions:
     draft: str | None = None
     hf: bool = True
     checkpoints: str | None = None  # dir with target/ and draft/ HF checkpoints; None = models/bundled
-    gammas: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
+    draft_lengths: tuple[int, ...] = (1, 2, 4, 8, 12)
     sweep_points: int = 12
     plot: str | None = None
     json_out: str | None = None
@@ -90,15 +90,19 @@ def register(sub: Any) -> None:
     p.add_argument("--draft", default=None, help="draft model dir (default: bundled)")
     p.add_argument("--checkpoints", default=None, help="HF checkpoints dir with target/ and draft/")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baselines")
-    p.add_argument("--gammas", default="1,2,3,4,6,8", help="fixed gammas for the tokens-per-pass sweep")
+    p.add_argument(
+        "--draft-lengths",
+        default="1,2,4,8,12",
+        help="draft lengths for the tokens-per-pass sweep (the hybrid, its policy capped at each)",
+    )
     p.add_argument("--sweep-points", type=int, default=BenchOptions.sweep_points)
-    p.add_argument("--plot", default=None, help="PNG: tokens per pass vs gamma (needs matplotlib)")
+    p.add_argument("--plot", default=None, help="PNG: tokens per pass vs draft length (needs matplotlib)")
     p.add_argument("--json", dest="json_out", default=None, help="save the numbers as JSON")
     p.set_defaults(func=run)
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
-    gammas = int_list(args.gammas)
+    draft_lengths = int_list(args.draft_lengths)
     return BenchOptions(
         files=args.files,
         n=args.n,
@@ -109,7 +113,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         draft=args.draft,
         hf=not args.no_hf,
         checkpoints=args.checkpoints,
-        gammas=gammas,
+        draft_lengths=draft_lengths,
         sweep_points=args.sweep_points,
         plot=args.plot,
         json_out=args.json_out,
@@ -390,7 +394,11 @@ def run_bench(opt: BenchOptions) -> int:
     log.method = "sweep"
     table = _table(summary, methods, log)
     print(table)
-    sweep = _gamma_sweep(hybrid, base, points[: max(1, opt.sweep_points)], opt) if opt.gammas else []
+    sweep = (
+        _draft_length_sweep(hybrid, base, points[: max(1, opt.sweep_points)], opt)
+        if opt.draft_lengths
+        else []
+    )
     if sweep:
         print(_sweep_table(sweep))
     if opt.plot:
@@ -401,7 +409,7 @@ def run_bench(opt: BenchOptions) -> int:
             "provider": models.provider,
             "points": [{"path": p.path, "kind": p.kind, "cursor": len(p.prefix)} for p in points],
             "methods": {m: _numbers(summary[m], summary["plain"], log) for m in methods},
-            "gamma_sweep": sweep,
+            "draft_length_sweep": sweep,
         }
         Path(opt.json_out).write_text(json.dumps(data, indent=2))
     return 0
@@ -513,13 +521,13 @@ def _table(summary: dict[str, MethodSummary], methods: list[str], log: CallLog) 
     return "\n".join(lines)
 
 
-def _gamma_sweep(engine: Any, base: Any, points: list[Point], opt: BenchOptions) -> list[dict[str, Any]]:
-    """The hybrid at fixed gammas (no adaptation, never switched off): measured tokens per pass."""
+def _draft_length_sweep(
+    engine: Any, base: Any, points: list[Point], opt: BenchOptions
+) -> list[dict[str, Any]]:
+    """The hybrid with ``draft_length`` g (the drafting policy capped at g): measured tokens per pass."""
     out = []
-    for g in opt.gammas:
-        e = engine.with_settings(
-            replace(base, gamma=g, gamma_max=g, adaptive_gamma=False, completion_reuse=False)
-        )
+    for g in opt.draft_lengths:
+        e = engine.with_settings(replace(base, draft_length=g, completion_reuse=False))
         runs = [_ours(e, p, f"sweep{g}-{i}", opt.max_tokens) for i, p in enumerate(points)]
         tokens = sum(len(r.tokens) for r in runs)
         passes = sum(r.passes for r in runs)
@@ -527,7 +535,7 @@ def _gamma_sweep(engine: Any, base: Any, points: list[Point], opt: BenchOptions)
         accepted = sum(r.accepted for r in runs)
         out.append(
             {
-                "gamma": g,
+                "draft_length": g,
                 "tokens_per_pass": tokens / passes if passes else 0.0,
                 "acceptance": accepted / drafted if drafted else 0.0,
                 "median_ms": statistics.median(r.ms for r in runs),
@@ -536,23 +544,27 @@ def _gamma_sweep(engine: Any, base: Any, points: list[Point], opt: BenchOptions)
     return out
 
 
-def expected_tokens_per_pass(alpha: float, gamma: int) -> float:
-    """(1 - alpha^(gamma+1)) / (1 - alpha): i.i.d. acceptance with probability alpha."""
+def expected_tokens_per_pass(alpha: float, g: int) -> float:
+    """(1 - alpha^(g+1)) / (1 - alpha): every pass drafting g tokens, each accepted with probability
+    alpha (i.i.d.); what the policy could reach at most if it always drafted the whole length."""
     if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+        return float(g + 1)
+    return (1.0 - alpha ** (g + 1)) / (1.0 - alpha)
 
 
 def _sweep_table(sweep: list[dict[str, Any]]) -> str:
-    alpha = sweep[0]["acceptance"] if sweep and sweep[0]["gamma"] == 1 else None
-    lines = [f"{'gamma':>5s} {'tok/pass':>8s} {'alpha':>6s} {'theory':>7s} {'med ms':>8s}"]
+    alpha = sweep[0]["acceptance"] if sweep and sweep[0]["draft_length"] == 1 else None
+    lines = [f"{'length':>6s} {'tok/pass':>8s} {'alpha':>6s} {'theory':>7s} {'med ms':>8s}"]
     for row in sweep:
         a = alpha if alpha is not None else row["acceptance"]
         lines.append(
-            f"{row['gamma']:5d} {row['tokens_per_pass']:8.2f} {row['acceptance']:6.2f} "
-            f"{expected_tokens_per_pass(a, row['gamma']):7.2f} {row['median_ms']:8.1f}"
+            f"{row['draft_length']:6d} {row['tokens_per_pass']:8.2f} {row['acceptance']:6.2f} "
+            f"{expected_tokens_per_pass(a, row['draft_length']):7.2f} {row['median_ms']:8.1f}"
         )
-    lines.append("theory = (1 - a^(g+1)) / (1 - a) with a = the acceptance measured at gamma 1")
+    lines.append(
+        "length = draft_length (the policy picks each pass's length up to it); theory = "
+        "(1 - a^(g+1)) / (1 - a), every pass drafting g, with a = the acceptance measured at length 1"
+    )
     return "\n".join(lines)
 
 
@@ -567,17 +579,19 @@ def _plot(sweep: list[dict[str, Any]], path: str) -> None:
         return
     if not sweep:
         return
-    gammas = [r["gamma"] for r in sweep]
+    lengths = [r["draft_length"] for r in sweep]
     alpha = (
-        sweep[0]["acceptance"] if sweep[0]["gamma"] == 1 else statistics.mean(r["acceptance"] for r in sweep)
+        sweep[0]["acceptance"]
+        if sweep[0]["draft_length"] == 1
+        else statistics.mean(r["acceptance"] for r in sweep)
     )
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(gammas, [r["tokens_per_pass"] for r in sweep], "o-", label="measured (hybrid)")
-    xs = list(range(1, max(gammas) + 1))
+    ax.plot(lengths, [r["tokens_per_pass"] for r in sweep], "o-", label="measured (hybrid)")
+    xs = list(range(1, max(lengths) + 1))
     ax.plot(
         xs, [expected_tokens_per_pass(alpha, g) for g in xs], "--", label=f"(1-a^(g+1))/(1-a), a={alpha:.2f}"
     )
-    ax.set_xlabel("gamma (draft length)")
+    ax.set_xlabel("draft_length (the most tokens a pass drafts)")
     ax.set_ylabel("tokens per target pass")
     ax.grid(True, alpha=0.3)
     ax.legend()

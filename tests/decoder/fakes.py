@@ -1,4 +1,4 @@
-"""Deterministic numpy stand-ins for models and drafters (used by the tests and the benchmarks).
+"""Deterministic numpy stand-ins for models and drafters, for the tests.
 
 ``FakeLM``: a CausalLM whose logits at a position are a sum of seeded random tables indexed by the last
 ``window`` tokens (so greedy output is non-trivial but exactly reproducible), with exact KV caches that

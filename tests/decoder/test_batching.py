@@ -10,7 +10,8 @@ import pytest
 from specls.decoder.api import DecodeSettings, Drafter, KVCache
 from specls.decoder.batching import BatchSettings, PassBatcher
 from specls.decoder.loop import generate
-from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig, ScriptedDrafter
+
+from tests.decoder.fakes import FakeCache, FakeLM, FakeLMConfig, ScriptedDrafter
 
 TARGET = FakeLM(FakeLMConfig(vocab=64, window=3, seed=7))
 N = 24
@@ -60,7 +61,7 @@ def test_concurrent_loops_batch_and_equal_plain_greedy() -> None:
     """Every drafter kind at once, one thread each: outputs are plain greedy, passes were shared."""
     run = RecordingBatch()
     batcher = PassBatcher(run, BatchSettings(max_batch=8, max_tokens=16, max_wait_ms=200.0), frozen_clock)
-    settings = DecodeSettings(max_new_tokens=N, gamma=K, gamma_max=K, adaptive_gamma=False)
+    settings = DecodeSettings(max_new_tokens=N, draft_length=K)
     results: dict[str, list[int]] = {}
     expected: dict[str, list[int]] = {}
     errors: list[BaseException] = []

@@ -1,4 +1,4 @@
-"""Drafters: prompt lookup sources, draft-model cache sync, hybrid composition, sampling q."""
+"""Drafters: prompt lookup sources, draft-model cache sync, sampling q."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from specls.decoder.api import DecodeSettings, Drafter
 from specls.decoder.drafters import (
     DrafterSettings,
     DraftModelDrafter,
-    HybridDrafter,
     PromptLookupDrafter,
     draft_view_start,
     unplanned_proposal,
 )
 from specls.decoder.ngram import LookupMatch, NgramIndex
-from specls.decoder.testing import FakeLM, FakeLMConfig
+
+from tests.decoder.fakes import FakeLM, FakeLMConfig
 
 LM = FakeLM(FakeLMConfig(vocab=32, window=2, seed=4))
 
 
 def test_drafters_implement_the_protocol() -> None:
-    for drafter in (PromptLookupDrafter(None), DraftModelDrafter(LM), HybridDrafter(None, None)):
+    for drafter in (PromptLookupDrafter(None), DraftModelDrafter(LM)):
         assert isinstance(drafter, Drafter)
 
 
@@ -72,9 +72,6 @@ def test_lookup_without_a_policy_proposes_one_token_on_a_one_token_match() -> No
     assert lookup.propose([0, 5], 3) == [6]  # Not [6, 7, 8]
     assert list(lookup.proposal_sources()) == ["lookup"]
     assert lookup.propose([0, 5, 6], 3) == [7, 8]  # a 2-token match is not a guess
-    alone = HybridDrafter(lookup, None)  # the hybrid without a draft model: the same rule
-    assert alone.propose([0, 5], 3) == [6]
-    assert alone.propose([0, 5, 6], 3) == [7, 8]
 
 
 def test_draft_model_proposes_its_greedy_continuation_and_syncs_by_prefix() -> None:
@@ -113,44 +110,6 @@ def test_draft_model_sampling_returns_q_rows() -> None:
     drafter.begin(DecodeSettings())  # greedy again: point mass
     drafter.propose([1, 2, 3], 2)
     assert drafter.proposal_probs() is None
-
-
-def _hybrid(index: NgramIndex, settings: DrafterSettings) -> HybridDrafter:
-    return HybridDrafter(PromptLookupDrafter(index, settings), DraftModelDrafter(LM, settings), settings)
-
-
-def test_hybrid_uses_a_long_lookup_match_and_extends_it() -> None:
-    index = NgramIndex()
-    index.update("d", [1, 2, 3, 4, 20, 21])
-    drafter = _hybrid(index, DrafterSettings(hybrid_min_match=3, hybrid_extend_min=2))
-    tokens = drafter.propose([0, 2, 3, 4], 5)
-    assert tokens[:2] == [20, 21]
-    assert tokens[2:] == LM.greedy([0, 2, 3, 4, 20, 21], 3)
-    assert list(drafter.proposal_sources()) == ["lookup"] * 2 + ["draft"] * 3
-
-
-def test_hybrid_falls_back_to_the_draft_model_on_a_short_match() -> None:
-    index = NgramIndex()
-    index.update("d", [3, 4, 20, 21])
-    drafter = _hybrid(index, DrafterSettings(hybrid_min_match=3))
-    assert drafter.propose([0, 9, 3, 4], 3) == LM.greedy([0, 9, 3, 4], 3)  # Not [20, 21]
-    assert list(drafter.proposal_sources()) == ["draft"] * 3
-    no_model = HybridDrafter(PromptLookupDrafter(index), None)
-    assert no_model.propose([0, 9, 3, 4], 3) == [20, 21]  # alone, any lookup match is used
-    assert HybridDrafter(None, None).propose([1, 2], 3) == []
-
-
-def test_hybrid_sampling_q_has_point_mass_rows_for_lookup_tokens() -> None:
-    index = NgramIndex()
-    index.update("d", [1, 2, 3, 4, 20, 21])
-    drafter = _hybrid(index, DrafterSettings(hybrid_min_match=3, hybrid_extend_min=1))
-    drafter.begin(DecodeSettings(temperature=1.0, seed=0))
-    tokens = drafter.propose([0, 2, 3, 4], 4)
-    q = drafter.proposal_probs()
-    assert q is not None and q.shape == (4, LM.vocab_size)
-    assert q[0, 20] == 1.0 and q[1, 21] == 1.0 and q[0].sum() == 1.0
-    np.testing.assert_allclose(q[2:].sum(axis=1), 1.0)
-    assert tokens[:2] == [20, 21]
 
 
 def test_draft_model_resets_its_cache_after_a_failure() -> None:
@@ -196,7 +155,7 @@ def test_draft_model_catch_up_asks_for_the_last_row_only() -> None:
     proposals are the same as with plain ``forward``."""
     from collections.abc import Sequence
 
-    from specls.decoder.testing import FakeCache
+    from tests.decoder.fakes import FakeCache
 
     class LastRowCache(FakeCache):
         def __init__(self, model: FakeLM) -> None:
@@ -257,8 +216,6 @@ def test_draft_model_sees_the_context_tail_and_keeps_it_cached() -> None:
         ({"lookup_min_n": 0}, "lookup_min_n"),  # Not accepted: a match of no tokens matches anything
         ({"lookup_min_n": 3, "lookup_max_n": 2}, "lookup_max_n"),
         ({"lookup_guess_tokens": -1}, "lookup_guess_tokens"),
-        ({"hybrid_min_match": -1}, "hybrid_min_match"),
-        ({"hybrid_extend_min": -2}, "hybrid_extend_min"),
         ({"draft_min_confidence": 1.5}, "draft_min_confidence"),
         ({"draft_min_confidence": float("nan")}, "draft_min_confidence"),
         ({"draft_window": -1}, "draft_window"),
@@ -270,5 +227,5 @@ def test_bad_drafter_settings_are_refused_by_name(bad: dict[str, float], named: 
 
 
 def test_edge_drafter_settings_are_accepted() -> None:
-    DrafterSettings(lookup_min_n=4, lookup_max_n=4, lookup_guess_tokens=0, hybrid_min_match=0)
-    DrafterSettings(hybrid_extend_min=0, draft_min_confidence=1.0, draft_window=0)
+    DrafterSettings(lookup_min_n=4, lookup_max_n=4, lookup_guess_tokens=0)
+    DrafterSettings(draft_min_confidence=1.0, draft_window=0)

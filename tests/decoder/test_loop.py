@@ -8,17 +8,20 @@ import numpy as np
 import pytest
 from specls.decoder.acceptance import process_logits
 from specls.decoder.api import DecodeSettings, Drafter, KVCache, StopWhen
-from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.ngram import NgramIndex
-from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig, ScriptedDrafter
+from specls.decoder.planned import PlannedDrafter, PolicyState
+from specls.decoder.policy import PassCosts
+
+from tests.decoder.fakes import FakeCache, FakeLM, FakeLMConfig, ScriptedDrafter
 
 PROMPT = [5, 9, 17, 2, 40, 33, 8]
 N = 48
 TARGET = FakeLM(FakeLMConfig(vocab=64, window=3, seed=0))
 REF = TARGET.greedy(PROMPT, N)
 FULL = PROMPT + REF
-K = 4  # fixed gamma of the scripted-drafter cases
+K = 4  # draft length of the scripted-drafter cases (a scripted drafter drafts all it is offered)
 
 
 class CheckedCache(KVCache):
@@ -67,20 +70,24 @@ def _drafters() -> list[tuple[str, Drafter]]:
         ("lookup", PromptLookupDrafter(_index_with_reference())),
         ("draft_other_seed", DraftModelDrafter(FakeLM(FakeLMConfig(vocab=64, window=3, seed=7)))),
         ("draft_near", DraftModelDrafter(near)),
-        ("hybrid", HybridDrafter(PromptLookupDrafter(_index_with_reference()), DraftModelDrafter(near))),
+        ("policy", _planned(PromptLookupDrafter(_index_with_reference()), DraftModelDrafter(near))),
+        ("policy_lookup", _planned(PromptLookupDrafter(_index_with_reference()), None)),
+        ("policy_draft", _planned(None, DraftModelDrafter(near))),
     ]
     return out
 
 
-GAMMAS = {
-    "fixed1": DecodeSettings(max_new_tokens=N, gamma=1, adaptive_gamma=False),
-    "fixedK": DecodeSettings(max_new_tokens=N, gamma=K, gamma_max=K, adaptive_gamma=False),
-    "adaptive": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8),
-    "pays_check": DecodeSettings(
-        max_new_tokens=N, gamma=3, gamma_max=8, draft_cost_ratio=0.3, min_speedup=1.0
-    ),
+def _planned(lookup: PromptLookupDrafter | None, model: DraftModelDrafter | None) -> PlannedDrafter:
+    """The drafting policy over these drafters, with a draft model cheap enough that it gets used."""
+    return PlannedDrafter(lookup, model, PolicyState(costs=PassCosts(step=0.05, catchup=0.001)))
+
+
+LENGTHS = {
+    "length1": DecodeSettings(max_new_tokens=N, draft_length=1),
+    "lengthK": DecodeSettings(max_new_tokens=N, draft_length=K),
+    "default": DecodeSettings(max_new_tokens=N),
     # the prompt prefilled by a run of its own instead of riding with the first pass
-    "own_prefill": DecodeSettings(max_new_tokens=N, gamma=3, gamma_max=8, fold_prefill=0),
+    "own_prefill": DecodeSettings(max_new_tokens=N, draft_length=8, fold_prefill=0),
 }
 
 
@@ -89,25 +96,25 @@ def prefill_runs(prompt: Sequence[int], settings: DecodeSettings, cached: int = 
     return 0 if len(prompt) - 1 - cached <= settings.fold_prefill else 1
 
 
-@pytest.mark.parametrize("gamma", list(GAMMAS))
+@pytest.mark.parametrize("length", list(LENGTHS))
 @pytest.mark.parametrize("which", [name for name, _ in _drafters()])
-def test_speculative_equals_plain_greedy(which: str, gamma: str) -> None:
+def test_speculative_equals_plain_greedy(which: str, length: str) -> None:
     drafter = dict(_drafters())[which]
     cache = CheckedCache(TARGET.new_cache(), FULL)
-    result = generate(cache, PROMPT, drafter, GAMMAS[gamma], frozenset())
+    result = generate(cache, PROMPT, drafter, LENGTHS[length], frozenset())
     assert result.tokens == REF
     assert result.stop_reason == "max_tokens"
     assert cache.inner.tokens == FULL[: cache.length]  # on return: a prefix of prompt + tokens
     assert cache.length >= len(FULL) - 1
     # one forward per pass, after the prefill's (Not the same count when the prompt rode along)
-    assert result.target_passes == cache.forwards - prefill_runs(PROMPT, GAMMAS[gamma])
+    assert result.target_passes == cache.forwards - prefill_runs(PROMPT, LENGTHS[length])
     assert sum(s.drafted for s in result.per_drafter.values()) == result.drafted
     assert sum(s.accepted for s in result.per_drafter.values()) == result.accepted
     assert result.accepted + result.target_passes == len(REF)  # each pass: accepted + one token
 
 
 def test_always_right_drafter_takes_few_passes_and_wrong_one_takes_n() -> None:
-    fixed = GAMMAS["fixedK"]
+    fixed = LENGTHS["lengthK"]
     right = generate(
         TARGET.new_cache(), PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), fixed, frozenset()
     )
@@ -125,7 +132,7 @@ def test_always_right_drafter_takes_few_passes_and_wrong_one_takes_n() -> None:
 
 @pytest.mark.parametrize("j", range(K))
 def test_accept_hist_for_wrong_at_j(j: int) -> None:
-    fixed = GAMMAS["fixedK"]
+    fixed = LENGTHS["lengthK"]
     result = generate(
         TARGET.new_cache(), PROMPT, ScriptedDrafter(PROMPT, REF, 64, "wrong_at", j), fixed, frozenset()
     )
@@ -140,10 +147,8 @@ def test_prefix_reuse_equals_fresh(cached: int) -> None:
     cache = TARGET.new_cache()
     if cached:
         cache.forward(PROMPT[:cached])
-    drafter = HybridDrafter(
-        PromptLookupDrafter(NgramIndex()), DraftModelDrafter(FakeLM.perturbed(TARGET, 0.4, 3))
-    )
-    result = generate(cache, PROMPT, drafter, GAMMAS["adaptive"], frozenset())
+    drafter = _planned(PromptLookupDrafter(NgramIndex()), DraftModelDrafter(FakeLM.perturbed(TARGET, 0.4, 3)))
+    result = generate(cache, PROMPT, drafter, LENGTHS["default"], frozenset())
     assert result.tokens == REF
     # tokens computed: the uncached ones, or the last one re-fed when all were cached. Not 0
     assert result.prefill_tokens == max(len(PROMPT) - cached, 1)
@@ -169,7 +174,7 @@ def test_eos_stops_and_is_not_included() -> None:
     assert len(expected) < N  # the eos really occurs
     for drafter in (None, ScriptedDrafter(PROMPT, REF, 64, "right")):
         cache = CheckedCache(TARGET.new_cache(), FULL)
-        result = generate(cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset({eos}))
+        result = generate(cache, PROMPT, drafter, LENGTHS["lengthK"], frozenset({eos}))
         assert result.tokens == expected  # Not expected + [eos]
         assert result.stop_reason == "eos"
         assert cache.inner.tokens == (PROMPT + expected)[: cache.length]
@@ -177,7 +182,7 @@ def test_eos_stops_and_is_not_included() -> None:
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 5, 7, 11])
 def test_max_new_tokens_never_exceeded(max_new: int) -> None:
-    settings = DecodeSettings(max_new_tokens=max_new, gamma=8, gamma_max=8)
+    settings = DecodeSettings(max_new_tokens=max_new, draft_length=8)
     cache = CheckedCache(TARGET.new_cache(), FULL)
     result = generate(cache, PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), settings, frozenset())
     assert result.tokens == REF[:max_new]  # Not REF[:max_new + bonus]
@@ -192,7 +197,7 @@ def test_stop_callback_cuts_inside_an_accepted_draft() -> None:
         cache,
         PROMPT,
         ScriptedDrafter(PROMPT, REF, 64, "right"),
-        GAMMAS["fixedK"],
+        LENGTHS["lengthK"],
         frozenset(),
         stop=StopWhen(lambda toks: toks[-1] == target_token),
     )
@@ -211,11 +216,11 @@ def test_no_draft_token_past_a_stop_or_an_eos_is_verified(ends: str) -> None:
     cache = CheckedCache(TARGET.new_cache(), FULL)
     if ends == "stop":
         result = generate(
-            cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset(), stop=StopWhen(lambda t: t[-1] == token)
+            cache, PROMPT, drafter, LENGTHS["lengthK"], frozenset(), stop=StopWhen(lambda t: t[-1] == token)
         )
         assert result.tokens == REF[: first + 1] and result.stop_reason == "stop"
     else:
-        result = generate(cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset({token}))
+        result = generate(cache, PROMPT, drafter, LENGTHS["lengthK"], frozenset({token}))
         assert result.tokens == REF[:first] and result.stop_reason == "eos"
     uncut = len(PROMPT) + (first // (K + 1)) * (K + 1) + K  # where the last proposal's rows would end
     assert cache.fed_end == len(PROMPT) + first + 1 < uncut  # Not uncut: no row past the last token
@@ -230,16 +235,16 @@ def test_horizon_of_a_stop() -> None:
     assert stop.horizon([], [0]) == 1
 
 
-@pytest.mark.parametrize("gamma", ["fixedK", "own_prefill"])
+@pytest.mark.parametrize("length", ["lengthK", "own_prefill"])
 @pytest.mark.parametrize("m", [0, 1, 3])
-def test_cancel_returns_after_exactly_that_pass(m: int, gamma: str) -> None:
+def test_cancel_returns_after_exactly_that_pass(m: int, length: str) -> None:
     cache = TARGET.new_cache()
-    runs = prefill_runs(PROMPT, GAMMAS[gamma])  # decode passes = forwards - the prefill's
+    runs = prefill_runs(PROMPT, LENGTHS[length])  # decode passes = forwards - the prefill's
     result = generate(
         cache,
         PROMPT,
         ScriptedDrafter(PROMPT, REF, 64, "wrong_at", 2),
-        GAMMAS[gamma],
+        LENGTHS[length],
         frozenset(),
         cancelled=lambda: cache.counter.calls - runs >= m,
     )
@@ -252,7 +257,7 @@ def test_cancel_returns_after_exactly_that_pass(m: int, gamma: str) -> None:
 
 def test_cancelled_before_start_runs_nothing() -> None:
     cache = TARGET.new_cache()
-    result = generate(cache, PROMPT, None, GAMMAS["fixed1"], frozenset(), cancelled=lambda: True)
+    result = generate(cache, PROMPT, None, LENGTHS["length1"], frozenset(), cancelled=lambda: True)
     assert result.stop_reason == "cancelled" and result.tokens == []
     assert cache.counter.calls == 0
 
@@ -291,30 +296,17 @@ def test_zero_max_new_tokens_is_an_empty_result() -> None:
     assert result.tokens == [] and cache.counter.calls == 0
 
 
-def test_pays_check_turns_drafting_off_for_a_useless_drafter() -> None:
-    settings = DecodeSettings(max_new_tokens=N, gamma=3, draft_cost_ratio=0.5, min_speedup=1.0)
-    drafter = ScriptedDrafter(PROMPT, REF, 64, "wrong")
-    result = generate(TARGET.new_cache(), PROMPT, drafter, settings, frozenset())
-    assert result.tokens == REF
-    proposals = result.per_drafter["scripted-wrong"].proposals
-    assert proposals < N // 2  # drafting was off most of the time. Not N
-    always = generate(
-        TARGET.new_cache(), PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), settings, frozenset()
-    )
-    assert always.per_drafter["scripted-right"].proposals == always.target_passes  # pays: stays on
-
-
-def test_hybrid_reports_sub_drafter_stats() -> None:
+def test_the_policy_reports_sub_drafter_stats() -> None:
     result = generate(
         TARGET.new_cache(),
         PROMPT,
-        HybridDrafter(
+        _planned(
             PromptLookupDrafter(_index_with_reference()), DraftModelDrafter(FakeLM.perturbed(TARGET, 0.4, 3))
         ),
-        GAMMAS["adaptive"],
+        LENGTHS["default"],
         frozenset(),
     )
-    assert set(result.per_drafter) == {"lookup", "draft"}  # Not {"hybrid"}
+    assert set(result.per_drafter) == {"lookup", "draft"}  # Not {"policy"}
     assert result.per_drafter["lookup"].accepted > 0
     assert result.per_drafter["draft"].accepted > 0
 
@@ -338,9 +330,11 @@ def test_sampling_is_reproducible_with_a_seed() -> None:
     assert a.tokens != c.tokens
 
 
-@pytest.mark.parametrize("which", ["draft", "hybrid", "none"])
+@pytest.mark.parametrize("which", ["draft", "policy", "policy_draft", "none"])
 def test_sampling_loop_matches_target_distribution(which: str) -> None:
-    """Joint distribution of the first two tokens through the whole loop (gamma 2) == p(t1) p(t2|t1)."""
+    """Joint distribution of the first two tokens through the whole loop (draft length 2) ==
+    p(t1) p(t2|t1). The policy plans sampling too: its proposals carry q (point masses for lookup
+    tokens, the draft model's distributions after them)."""
     vocab = 6
     target = FakeLM(FakeLMConfig(vocab=vocab, window=1, seed=1, scale=1.0))
     draft_lm = FakeLM.perturbed(target, 0.8, seed=2)
@@ -354,29 +348,27 @@ def test_sampling_loop_matches_target_distribution(which: str) -> None:
     draws = 5000
     counts = np.zeros((vocab, vocab))
     drafted = 0
+    sources: set[str] = set()
+    ds = DrafterSettings(lookup_min_n=1, lookup_max_n=2)
     for seed in range(draws):
         drafter: Drafter | None = None
         if which == "draft":
             drafter = DraftModelDrafter(draft_lm)
-        elif which == "hybrid":
-            from specls.decoder.drafters import DrafterSettings
-
-            ds = DrafterSettings(lookup_min_n=1, lookup_max_n=2, hybrid_min_match=1, hybrid_extend_min=1)
-            drafter = HybridDrafter(PromptLookupDrafter(index, ds), DraftModelDrafter(draft_lm, ds), ds)
-        settings = DecodeSettings(
-            max_new_tokens=3,
-            gamma=2,
-            adaptive_gamma=False,
-            temperature=temperature,
-            seed=seed,
-        )
+        elif which == "policy":
+            drafter = _planned(PromptLookupDrafter(index, ds), DraftModelDrafter(draft_lm, ds))
+        elif which == "policy_draft":
+            drafter = _planned(None, DraftModelDrafter(draft_lm, ds))
+        settings = DecodeSettings(max_new_tokens=3, draft_length=2, temperature=temperature, seed=seed)
         result = generate(target.new_cache(), prompt, drafter, settings, frozenset())
         counts[result.tokens[0], result.tokens[1]] += 1
         drafted += result.drafted
+        sources |= {name for name, s in result.per_drafter.items() if s.drafted}
     tv = 0.5 * np.abs(counts / draws - exact).sum()
     assert tv < 0.05
     if which != "none":
         assert drafted >= draws  # the drafter really drafted
+    if which == "policy":
+        assert sources == {"lookup", "draft"}  # both kinds of proposal rows were verified
 
 
 class _FailingDrafter(ScriptedDrafter):
@@ -401,7 +393,7 @@ class _FailingDrafter(ScriptedDrafter):
 def test_a_failing_drafter_degrades_to_plain_decoding(how: str) -> None:
     drafter = _FailingDrafter(2, how)
     cache = CheckedCache(TARGET.new_cache(), FULL)
-    result = generate(cache, PROMPT, drafter, GAMMAS["fixedK"], frozenset())
+    result = generate(cache, PROMPT, drafter, LENGTHS["lengthK"], frozenset())
     assert result.tokens == REF  # Not an exception
     assert drafter.calls == 3  # never asked again after it failed
     assert result.accepted == 2 * K
@@ -438,7 +430,7 @@ def test_a_short_prompt_tail_rides_with_the_first_pass(cached: int) -> None:
     if cached:
         FakeCache.forward(cache, PROMPT[:cached])
     drafter = ScriptedDrafter(PROMPT, REF, 64, "wrong_at", 2)
-    settings = DecodeSettings(max_new_tokens=12, gamma=4, gamma_max=4, adaptive_gamma=False)
+    settings = DecodeSettings(max_new_tokens=12, draft_length=4)
     out = generate(cache, PROMPT, drafter, settings, frozenset())
     assert out.tokens == REF[:12]
     assert cache.appended == []  # Not a prefill run of its own
@@ -478,7 +470,7 @@ class GreedyIdsCache(FakeCache):
 
 def test_greedy_verify_passes_ask_for_ids_only() -> None:
     cache = GreedyIdsCache(TARGET)
-    out = generate(cache, PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), GAMMAS["fixedK"], frozenset())
+    out = generate(cache, PROMPT, ScriptedDrafter(PROMPT, REF, 64, "right"), LENGTHS["lengthK"], frozenset())
     assert out.tokens == REF
     assert len(cache.greedy) == out.target_passes  # verify passes, the first with the prompt riding
     assert cache.greedy[0] == len(PROMPT) + K and max(cache.greedy[1:]) == K + 1
@@ -518,7 +510,7 @@ def test_every_decode_pass_is_timed_with_the_tokens_it_fed() -> None:
     clock = lambda: float(cache.counter.tokens)  # noqa: E731  # "1 second" per token fed
     drafter = ScriptedDrafter(PROMPT, REF, TARGET.vocab_size, mode="wrong_at", j=2)
     out = generate(
-        cache, PROMPT, drafter, DecodeSettings(max_new_tokens=20, gamma=4), frozenset(), clock=clock
+        cache, PROMPT, drafter, DecodeSettings(max_new_tokens=20, draft_length=4), frozenset(), clock=clock
     )
     assert out.tokens == REF[:20]
     assert len(out.pass_ms) == out.target_passes

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from specls.decoder.api import DecodeSettings
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin, top2_margin
-from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
+
+from tests.decoder.fakes import FakeCache, FakeLM, FakeLMConfig
 
 LM = FakeLM(FakeLMConfig(vocab=32, window=2, seed=5))
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

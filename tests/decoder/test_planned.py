@@ -12,7 +12,8 @@ from specls.decoder.loop import generate
 from specls.decoder.ngram import NgramIndex
 from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate
 from specls.decoder.policy import AcceptanceByPosition, PassCosts
-from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
+
+from tests.decoder.fakes import FakeCache, FakeLM, FakeLMConfig
 
 TARGET = FakeLM(FakeLMConfig(vocab=48, window=2, seed=11))
 GOOD_DRAFT = FakeLM.perturbed(TARGET, noise=0.05, seed=3)
@@ -20,7 +21,7 @@ BAD_DRAFT = FakeLM(FakeLMConfig(vocab=48, window=2, seed=99))
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 1, 2, 3]
 CHEAP = PassCosts(verify=(1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16), step=0.05, catchup=0.001)
 DEAR = PassCosts(verify=(1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8), step=0.6, catchup=0.05)
-SETTINGS = DecodeSettings(max_new_tokens=40, gamma=8, gamma_max=8, adaptive_gamma=False, min_speedup=0.0)
+SETTINGS = DecodeSettings(max_new_tokens=40, draft_length=8)
 
 
 def _drafter(draft: FakeLM | None, costs: PassCosts, **state: object) -> tuple[PlannedDrafter, PolicyState]:
@@ -68,12 +69,22 @@ def test_a_short_completion_does_not_pay_for_the_catch_up() -> None:
     costs = PassCosts(verify=CHEAP.verify, step=0.1, catchup=0.02)
     drafter, state = _drafter(GOOD_DRAFT, costs, length=3.0)  # completions here are ~3 tokens
     assert drafter.model is not None
-    generate(TARGET.new_cache(), long_prompt, drafter, DecodeSettings(max_new_tokens=3, gamma=8), frozenset())
+    generate(
+        TARGET.new_cache(),
+        long_prompt,
+        drafter,
+        DecodeSettings(max_new_tokens=3, draft_length=8),
+        frozenset(),
+    )
     assert drafter.model.forward_tokens == 0  # catching up on 390 tokens to save < 3 passes: no
     drafter, _ = _drafter(GOOD_DRAFT, costs, length=64.0)  # the same pair on long completions
     assert drafter.model is not None
     generate(
-        TARGET.new_cache(), long_prompt, drafter, DecodeSettings(max_new_tokens=64, gamma=8), frozenset()
+        TARGET.new_cache(),
+        long_prompt,
+        drafter,
+        DecodeSettings(max_new_tokens=64, draft_length=8),
+        frozenset(),
     )
     assert drafter.model.forward_tokens > 0
 
@@ -83,7 +94,7 @@ def test_requests_that_end_at_a_stop_learn_their_own_length() -> None:
     model (Not one moving average for both: after 64-token requests, a line guessed ~64 tokens)."""
     long_prompt = PROMPT * 30  # the draft model's view: 256 tokens behind, 2.6 passes of catch-up
     costs = PassCosts(verify=CHEAP.verify, step=0.1, catchup=0.01)
-    settings = DecodeSettings(max_new_tokens=8, gamma=8)
+    settings = DecodeSettings(max_new_tokens=8, draft_length=8)
     drafter, state = _drafter(GOOD_DRAFT, costs, length=64.0, stop_length=3.0)
     assert drafter.model is not None
     drafter.stopped = True
@@ -329,7 +340,7 @@ def test_a_hot_copy_proposes_longer_than_a_cold_match() -> None:
 
 def test_the_policy_learns_the_share_of_a_completion_that_lookup_does_not_copy() -> None:
     """What a draft model's catch-up can pay off on (``PolicyState.unmatched``), per request class."""
-    settings = DecodeSettings(max_new_tokens=12, gamma=8, gamma_max=8, adaptive_gamma=False)
+    settings = DecodeSettings(max_new_tokens=12, draft_length=8)
     drafter, state = _drafter(GOOD_DRAFT, CHEAP)  # a buffer holds the whole answer: lookup copies it
     out = generate(TARGET.new_cache(), PROMPT, drafter, settings, frozenset())
     drafter.end()

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import pytest
 from specls.decoder.api import Drafter
 from specls.decoder.reuse import REUSE, CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
-from specls.decoder.testing import ScriptedDrafter
+
+from tests.decoder.fakes import ScriptedDrafter
 
 
 class Chars:
@@ -70,13 +71,14 @@ def test_reuse_first_then_the_inner_drafter() -> None:
     prompt = [1, 2, 3]
     full = Chars().encode("urn x!!!!")
     inner = ScriptedDrafter(prompt, full, 200, "right")
-    d: Drafter = ReuseFirstDrafter(CompletionReuseDrafter(3, previous(), 3, 64), inner, 2, 4)
+    d: Drafter = ReuseFirstDrafter(CompletionReuseDrafter(3, previous(), 3, 64), inner, 2)
     assert d.name == f"{REUSE}+{inner.name}"
     assert d.propose(prompt, 12) == Chars().encode("urn x")
     assert list(d.proposal_sources()) == [REUSE] * 5
     d.observe(5, 5)
     ctx = [*prompt, *Chars().encode("urn x")]
-    assert d.propose(ctx, 12) == Chars().encode("!!")  # the inner drafter at its own gamma. Not 12
+    assert d.propose(ctx, 12) == Chars().encode("!!")  # the inner drafter at its draft_length. Not 12
     assert list(d.proposal_sources()) == [inner.name] * 2
     d.observe(2, 2)
-    assert d.propose(ctx, 12) == Chars().encode("!!!")  # full acceptance of a full proposal: +1
+    assert d.propose(ctx, 12) == Chars().encode("!!")  # one cap, not grown by an accepted proposal
+    assert d.propose(ctx, 1) == Chars().encode("!")  # a smaller offer from the loop still caps it

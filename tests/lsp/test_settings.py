@@ -25,11 +25,11 @@ def test_flat_and_namespaced_camel_and_snake(raw):
 def test_unknown_and_invalid_are_reported_and_ignored():
     base = ServerSettings(max_tokens=40)
     s, problems = parse_settings(
-        {"maxTokens": -3, "bogus": 1, "multiline": "sometimes", "drafting": "maybe", "gamma": 4}, base
+        {"maxTokens": -3, "bogus": 1, "multiline": "sometimes", "drafting": "maybe", "draftLength": 4}, base
     )
     assert s.max_tokens == 40  # invalid value keeps the previous one
     assert s.multiline == "auto" and s.speculation is True
-    assert s.gamma == 4  # the valid one still applies
+    assert s.draft_length == 4  # the valid one still applies
     assert len(problems) == 4
     assert any("bogus" in p for p in problems)
     assert any("maxTokens" in p for p in problems)
@@ -49,9 +49,9 @@ def test_none_and_null_values_keep_settings():
 
 
 def test_bool_is_not_an_int_and_float_ints_are():
-    s, problems = parse_settings({"maxTokens": True, "gamma": 3.0, "debounceMs": 2.5})
+    s, problems = parse_settings({"maxTokens": True, "draftLength": 3.0, "debounceMs": 2.5})
     assert s.max_tokens == ServerSettings().max_tokens  # True is not 1 token
-    assert s.gamma == 3
+    assert s.draft_length == 3
     assert s.debounce_ms == 0
     assert len(problems) == 2
 
@@ -89,3 +89,37 @@ def test_type_ahead_setting_reaches_the_engine():
     register(parser.add_subparsers())
     assert settings_from_args(parser.parse_args(["serve", "--no-type-ahead"])).type_ahead is False
     assert settings_from_args(parser.parse_args(["serve"])).type_ahead is True
+
+
+@pytest.mark.parametrize("key", ["draftLength", "draft_length"])
+def test_draft_length_setting_reaches_the_engine(key):
+    import argparse
+
+    from specls.lsp.cli import make_engine, register, settings_from_args
+
+    s, problems = parse_settings({key: 5})
+    assert problems == [] and s.draft_length == 5
+    assert ServerSettings().changed_engine_fields(s) == ["draft_length"]  # the engine is rebuilt
+    from specls.engine import OnnxEngine
+
+    engine = make_engine(s)
+    assert isinstance(engine, OnnxEngine) and engine.settings.draft_length == 5  # Not the default 12
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert settings_from_args(parser.parse_args(["serve", "--draft-length", "3"])).draft_length == 3
+    assert settings_from_args(parser.parse_args(["serve"])).draft_length == ServerSettings().draft_length
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--draft-length", "0"])  # the setting's range: 1 to 32
+
+
+@pytest.mark.parametrize("raw", [{"gamma": 4}, {"specls": {"gamma": 4}}])
+def test_the_old_gamma_key_is_an_unknown_setting(raw):
+    s, problems = parse_settings(raw)
+    assert s == ServerSettings()  # Not a draft length: "draftLength" is the one name
+    assert problems == ["unknown setting 'gamma'; ignored"]
+
+
+@pytest.mark.parametrize("value", [0, 33, "many"])
+def test_a_draft_length_out_of_range_is_reported_and_ignored(value):
+    s, problems = parse_settings({"draftLength": value}, ServerSettings(draft_length=7))
+    assert s.draft_length == 7 and len(problems) == 1 and "draftLength" in problems[0]

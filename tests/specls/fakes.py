@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import numpy as np
 from specls.decoder.api import KVCache
-from specls.decoder.testing import FakeCache, FakeLM, FakeLMConfig
 
 from specls.engine import LoadedModels
 from specls.prompt import FimTokens
+from tests.decoder.fakes import FakeCache, FakeLM, FakeLMConfig
 
 SPECIALS = ("<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<file_sep>")
 CHARS = "\n" + "".join(chr(c) for c in range(32, 127))

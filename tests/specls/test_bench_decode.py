@@ -38,14 +38,14 @@ def test_bench_runs_and_ours_are_identical(tmp_path: Path, capsys: pytest.Captur
     out = tmp_path / "bench.json"
     plot = tmp_path / "sweep.png"
     opt = BenchOptions(
-        n=2, max_tokens=12, hf=False, gammas=(1, 3), sweep_points=1, json_out=str(out), plot=str(plot)
+        n=2, max_tokens=12, hf=False, draft_lengths=(1, 3), sweep_points=1, json_out=str(out), plot=str(plot)
     )
     assert run_bench(opt) == 0
     data = json.loads(out.read_text())
     for m in ("plain", "lookup", "draft", "hybrid"):
         assert data["methods"][m]["identical_rate"] == 1.0
     assert data["methods"]["plain"]["tokens_per_pass"] <= 1.0
-    assert [row["gamma"] for row in data["gamma_sweep"]] == [1, 3]
+    assert [row["draft_length"] for row in data["draft_length_sweep"]] == [1, 3]
     assert plot.stat().st_size > 1000
     table = capsys.readouterr().out
     assert "hybrid" in table and "tok/pass" in table

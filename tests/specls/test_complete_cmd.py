@@ -95,6 +95,9 @@ def test_complete_json_end_to_end(code_file: Path) -> None:
     assert p["drafted"] == 0 and p["target_passes"] >= p["tokens"]
     text = specls("complete", str(code_file), *pos, "--no-draft")
     assert text.returncode == 0 and text.stdout.rstrip("\n") == r["text"].rstrip("\n")
+    one = specls("complete", str(code_file), *pos, "--json", "--draft-length", "1")
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["text"] == r["text"]  # the cap moves plans, never the output
 
 
 def test_complete_errors(code_file: Path, tmp_path: Path) -> None:
@@ -112,6 +115,10 @@ def test_complete_errors(code_file: Path, tmp_path: Path) -> None:
     corrupt = specls("complete", str(code_file), "--line", "0", "--character", "0", "--model", str(junk))
     assert corrupt.returncode == 2 and "specls.json" in corrupt.stderr
     assert "Traceback" not in corrupt.stderr + no_model.stderr
+    no_drafts = specls("complete", str(code_file), "--line", "0", "--character", "0", "--draft-length", "0")
+    assert no_drafts.returncode == 2 and "--draft-length" in no_drafts.stderr
+    old = specls("complete", str(code_file), "--line", "0", "--character", "0", "--gamma", "4")
+    assert old.returncode == 2 and "--gamma" in old.stderr  # gone: --draft-length is the one setting
 
 
 def test_the_policy_line_says_how_many_passes_its_costs_were_learned_from() -> None:

@@ -10,11 +10,11 @@ from functools import partial
 
 import pytest
 from specls.decoder.pass_cost_learner import PassCostLearner
-from specls.decoder.testing import FakeLM
 
 from specls.api import CompletionRequest, EngineError
 from specls.engine import EngineSettings, LoadedModels, OnnxEngine
 from specls.prompt import PromptBudget
+from tests.decoder.fakes import FakeLM
 from tests.specls.fakes import SOURCE, fake_models
 
 CONFIGS = {
@@ -22,7 +22,7 @@ CONFIGS = {
     "lookup": EngineSettings(draft_model=False),
     "draft": EngineSettings(lookup=False),
     "hybrid": EngineSettings(),  # both drafters, planned per pass by the drafting policy
-    "fixed-hybrid": EngineSettings(drafting_policy=False),
+    "hybrid-length1": EngineSettings(draft_length=1),  # the same, one drafted token a pass at most
     "none": EngineSettings(draft_model=False, lookup=False),  # only completion reuse could draft
 }
 
@@ -534,9 +534,8 @@ def test_result_carries_its_decode() -> None:
     assert d["target_passes"] == r.target_passes and "decode" not in d  # flat, without token ids
 
 
-def test_the_drafting_policy_is_offered_gamma_max_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The policy chooses each pass's length itself; an adaptive gamma that shrinks after a rejection
-    would cap its lookup runs (Not k = 5, 4, 3, ...: the loop's own controller)."""
+def test_the_drafting_policy_is_offered_draft_length_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy chooses each pass's length itself, within ``draft_length`` (fewer near the end)."""
     from specls.decoder.planned import PlannedDrafter
 
     offered: list[tuple[int, int]] = []
@@ -548,15 +547,42 @@ def test_the_drafting_policy_is_offered_gamma_max_every_pass(monkeypatch: pytest
 
     monkeypatch.setattr(PlannedDrafter, "propose", spy)
     models = fake_models()
-    settings = EngineSettings(gamma=3, gamma_max=9)
-    engine = OnnxEngine(settings, models)
+    engine = OnnxEngine(EngineSettings(draft_length=9), models)
     engine.update_document("file:///w/a.py", SOURCE)
     engine.complete(request(POINTS[0], max_tokens=40))
     assert engine.last_tokens == reference(models, engine, 40)
     start = len(engine.last_prompt)
     assert offered and all(k == min(9, 40 - (n - start) - 1) for n, k in offered)
-    fixed = OnnxEngine(replace(settings, drafting_policy=False), fake_models())
-    assert fixed._decode_settings(40, reuse=False, cap=None).gamma == 3  # the fixed rule keeps its gamma
+
+
+DRAFT_LENGTHS = {"hybrid": EngineSettings(), "lookup": CONFIGS["lookup"], "draft": CONFIGS["draft"]}
+
+
+@pytest.mark.parametrize("config", sorted(DRAFT_LENGTHS))
+@pytest.mark.parametrize("draft_length", [1, 2, 5, 12])
+def test_draft_length_bounds_every_pass_and_never_the_output(config: str, draft_length: int) -> None:
+    """``draft_length`` is measurable: no pass verifies more drafted tokens than it says. It moves
+    plans (a shorter cap, more passes) but never the output."""
+    models = fake_models()
+    engine = OnnxEngine(replace(DRAFT_LENGTHS[config], draft_length=draft_length), models)
+    uncapped = OnnxEngine(replace(DRAFT_LENGTHS[config], draft_length=64), fake_models())
+    passes = uncapped_passes = 0
+    for pos in POINTS:
+        for e in (engine, uncapped):
+            e.update_document("file:///w/a.py", SOURCE)
+        r = engine.complete(request(pos, max_tokens=40))
+        assert engine.last_tokens == reference(models, engine, 40)
+        u = uncapped.complete(request(pos, max_tokens=40))
+        assert u.decode is not None and r.decode is not None
+        assert r.decode.tokens == u.decode.tokens  # Not another answer: the cap moves plans only
+        assert len(r.decode.accept_hist) <= draft_length  # the longest proposal verified
+        # [uncached prompt tail...] + last committed + drafted: only the first pass carries a tail
+        assert all(fed <= draft_length + 1 for fed, _ in r.decode.pass_ms[1:])
+        passes += r.target_passes
+        uncapped_passes += u.target_passes
+    assert passes >= uncapped_passes
+    if draft_length == 1 and config != "draft":  # the fake draft model's plans draft one token anyway
+        assert passes > uncapped_passes  # Not the same plans: lookup runs are cut to one token
 
 
 def test_lookup_alone_is_planned_by_a_policy_state_of_its_own() -> None:
@@ -569,7 +595,7 @@ def test_lookup_alone_is_planned_by_a_policy_state_of_its_own() -> None:
         lookup.complete(request(pos, max_tokens=40, doc=f"file:///w/{pos}.py"))
         assert lookup.last_tokens == reference(models, lookup, 40)
     choices = dict(models.lookup_policy.choices)
-    assert sum(choices.values()) > 0  # Not {}: lookup on the loop's adaptive gamma
+    assert sum(choices.values()) > 0  # Not {}: every pass is planned
     assert set(choices) <= {"plain", "lookup"}
     assert lookup.stats()["drafting_policy"] == models.lookup_policy.snapshot()
     assert models.policy.choices == {} and not models.policy.lookup.reached  # the pair's policy: untouched
@@ -591,19 +617,52 @@ def test_the_drafting_policy_plans_both_drafters_and_learns_across_requests() ->
     policy = engine.stats()["drafting_policy"]
     assert isinstance(policy, dict)
     choices = policy["choices"]
-    assert sum(choices.values()) > 0  # every pass was planned. Not {}: the fixed hybrid rule
+    assert sum(choices.values()) > 0  # every pass was planned. Not {}
     assert set(choices) <= {"plain", "lookup", "model", "lookup+model"}
     assert models.policy.lookup.reached or models.policy.model.reached  # acceptance was learned
     assert models.policy.length != 16.0  # and completion lengths, one document per request. Not the prior
-    fixed = OnnxEngine(EngineSettings(drafting_policy=False), fake_models())
-    fixed.complete(request(POINTS[0]))
-    assert fixed.stats()["drafting_policy"] == fixed.models.policy.snapshot()
-    assert fixed.models.policy.choices == {}  # the fixed rule never asks the policy
+
+
+def test_the_draft_model_alone_is_planned_by_a_policy_state_of_its_own() -> None:
+    """Without lookup the policy plans the draft model (the model or nothing each pass) and learns in
+    ``draft_policy``: the pair's policy, which plans both drafters, learns nothing from it."""
+    models = fake_models()
+    draft = OnnxEngine(EngineSettings(lookup=False), models)
+    for pos in POINTS:
+        draft.complete(request(pos, max_tokens=40, doc=f"file:///w/{pos}.py"))
+        assert draft.last_tokens == reference(models, draft, 40)
+    choices = dict(models.draft_policy.choices)
+    assert sum(choices.values()) > 0 and set(choices) <= {"plain", "model"}  # Not a lookup plan
+    assert draft.stats()["drafting_policy"] == models.draft_policy.snapshot()
+    assert models.policy.choices == {} and models.lookup_policy.choices == {}  # untouched
+
+
+@pytest.mark.parametrize("config", ["hybrid", "draft", "lookup"])
+def test_sampling_is_planned_by_the_policy_and_reproducible(config: str) -> None:
+    """Sampling (temperature > 0) drafts through the policy too: its proposals carry the draft
+    model's distributions, so rejection sampling stays exact; a seed gives the same answers."""
+    settings = replace(CONFIGS[config], temperature=0.8, seed=5, lru_size=0, completion_reuse=False)
+    answers: list[list[list[int]]] = []
+    drafted = 0
+    for _ in range(2):  # the same plans need the same learned state: a fresh load each time
+        models = fake_models()
+        engine = OnnxEngine(settings, models)
+        engine.update_document("file:///w/a.py", SOURCE)
+        answers.append([])
+        for pos in POINTS:
+            r = engine.complete(request(pos, max_tokens=30, doc=f"file:///w/{pos}.py"))
+            assert r.decode is not None and len(r.decode.accept_hist) <= settings.draft_length
+            answers[-1].append(r.decode.tokens)
+            drafted += r.drafted
+    assert answers[0] == answers[1]
+    assert drafted > 0  # Not plain decoding
+    policy = engine.stats()["drafting_policy"]
+    assert isinstance(policy, dict) and sum(policy["choices"].values()) > 0  # every pass planned
 
 
 def learning(models: LoadedModels) -> LoadedModels:
     """``models`` with a pass-cost learner on each policy, as ``OnnxEngine.load`` gives them."""
-    for policy in (models.policy, models.lookup_policy):
+    for policy in (models.policy, models.lookup_policy, models.draft_policy):
         policy.learner = PassCostLearner(policy.costs, models.target.pass_granularity)
     return models
 

@@ -7,10 +7,10 @@ import dataclasses
 import threading
 
 from specls.decoder.batching import BatchSettings
-from specls.decoder.testing import FakeLM
 
 from specls.api import CompletionRequest
 from specls.engine import EngineSettings, LoadedModels, OnnxEngine
+from tests.decoder.fakes import FakeLM
 from tests.specls.fakes import SOURCE, BatchableFakeLM, fake_models
 
 

@@ -161,10 +161,10 @@ def test_metrics_report_batching_of_concurrent_clients() -> None:
     import threading
 
     from specls.decoder.batching import BatchSettings
-    from specls.decoder.testing import FakeLM
 
     from specls.engine import EngineSettings, OnnxEngine
     from specls.team.scheduler import SchedulerSettings
+    from tests.decoder.fakes import FakeLM
     from tests.specls.fakes import SOURCE, BatchableFakeLM, fake_models
 
     models = fake_models(allow_eos=False)

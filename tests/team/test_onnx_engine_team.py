@@ -133,9 +133,9 @@ def test_batched_service_survives_a_killed_client() -> None:
 
     import numpy as np
     from specls.decoder.batching import BatchSettings
-    from specls.decoder.testing import FakeCache, FakeLM
 
     from specls.team.scheduler import SchedulerSettings
+    from tests.decoder.fakes import FakeCache, FakeLM
     from tests.specls.fakes import BatchableFakeLM
 
     class SlowCache(FakeCache):

@@ -24,6 +24,7 @@ function readSettings(): Settings {
         model: c.get<string>('model', ''),
         draft: c.get<string>('draft', ''),
         maxTokens: c.get<number>('maxTokens', 64),
+        draftLength: c.get<number>('draftLength', 12),
         lineFirst: c.get<boolean>('lineFirst', true),
         typeAhead: c.get<boolean>('typeAhead', true),
         multiline: c.get<string>('multiline', 'auto'),
@@ -215,10 +216,9 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             if (!e.affectsConfiguration('specls')) {
                 return;
             }
-            // typeAhead is the engine's: the server applies it when its model loads
-            const needsRestart = ['serverPath', 'teamServer', 'enabledLanguages', 'typeAhead'].some((k) =>
-                e.affectsConfiguration(`specls.${k}`),
-            );
+            // typeAhead and draftLength are the engine's: the server applies them when its model loads
+            const restartKeys = ['serverPath', 'teamServer', 'enabledLanguages', 'typeAhead', 'draftLength'];
+            const needsRestart = restartKeys.some((k) => e.affectsConfiguration(`specls.${k}`));
             updateEnabledState();
             output?.info(`settings changed${needsRestart ? ': restarting the client' : ''}`);
             if (needsRestart) {

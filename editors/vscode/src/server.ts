@@ -10,6 +10,7 @@ export interface Settings {
     model: string;
     draft: string;
     maxTokens: number;
+    draftLength: number;
     lineFirst: boolean;
     typeAhead: boolean;
     multiline: string;
@@ -130,6 +131,7 @@ export function serverOptions(
 export function serverSettings(settings: Settings): Record<string, unknown> {
     const out: Record<string, unknown> = {
         maxTokens: settings.maxTokens,
+        draftLength: settings.draftLength,
         lineFirst: settings.lineFirst,
         typeAhead: settings.typeAhead,
         multiline: settings.multiline,

@@ -3,6 +3,7 @@
 --   require('specls').setup({
 --     cmd = { 'specls', 'serve' },    -- or tcp = '127.0.0.1:7777' for a team server
 --     settings = { maxTokens = 64 },  -- sent as initializationOptions and workspace/didChangeConfiguration
+--                                     -- (also: draftLength = 12, the most tokens one pass drafts, ...)
 --     accept_key = '<Tab>',           -- accepts the suggestion; falls back to the key itself
 --   })
 --
