@@ -1,0 +1,292 @@
+"""Prompt layouts for next edits: how a model is shown the file, the region and the recent edits, and
+how its output is read back into the rewritten region.
+
+A layout is named (``specls.json`` picks one; ``get_layout``), renders an ``EditPrompt`` into a prompt
+string, says which text ends its output (``end_markers``; ``eos_ends`` when the model's end-of-text
+token ends it too), gives the output that leaves the region unchanged (``output_of``: what the region
+drafter drafts, tokenized with special tokens) and parses an output back (``parse``: None when it is
+malformed, i.e. cut off before its end).
+
+- ``sweep`` / ``sweep-file``: Sweep's open next-edit models (sweepai/sweep-next-edit-1.5B and -0.5B,
+  Qwen2.5-Coder fine-tunes). Sources, read for this (not guessed):
+  * github.com/sweepai/vscode-nes, src/local/completions.ts (``buildLocalPrompt``, Sweep's own VS Code
+    extension running the model locally): ``<|file_sep|>original/{path}``, the region before the
+    recent edits, ``<|file_sep|>current/{path}``, the region now, ``<|file_sep|>updated/{path}``, each
+    followed by a newline; the model writes the updated region.
+  * github.com/sweepai/cursortab.nvim, server/provider/sweep/sweep.go (``buildPrompt``,
+    ``buildDiffSection``, ``parseCompletion``): recent edits before those blocks, each as
+    ``<|file_sep|>{file}.diff`` then ``original:``/``updated:`` blocks; stop at ``<|file_sep|>`` or
+    ``</s>``; an output equal to the region is no edit.
+  * github.com/ioma8/sweep-next-edit-vscode, src/core/prompt.ts: other files first, each as
+    ``<|file_sep|>{path}`` and its text (Qwen2.5-Coder's repo-level pretraining format).
+  * blog.sweep.dev/posts/oss-next-edit: original/updated blocks beat unified diffs for these models;
+    fixed windows of about 21 lines around the cursor.
+  * huggingface.co/sweepai/sweep-next-edit-v2-7B (the later 7B's card): the current file's text comes
+    first as ``<|file_sep|>{path}``; ``sweep-file`` adds that block, ``sweep`` is the 1.5B clients'
+    layout without it (which one suits the 1.5B is for measurement).
+- ``chat-rewrite``: zero-shot, for instruct models: Qwen2.5's chat template (``<|im_start|>``
+  roles), the recent edits as unified diffs, the file with the region marked and the cursor in it,
+  and the assistant's reply started with a code fence so the output is the region itself.
+- ``fim-rewrite``: zero-shot, for code models: the current file and the recent edits as
+  ``<|file_sep|>`` files, then the file again as Qwen2.5-Coder FIM (``<|fim_prefix|>`` text before the
+  region ``<|fim_suffix|>`` text after it ``<|fim_middle|>``): the middle ends where the suffix starts,
+  which raw original/current/updated blocks did not tell a model that was not trained on them.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specls.next_edit.edit_diff import EditDiff
+
+log = logging.getLogger(__name__)
+
+FILE_SEP = "<|file_sep|>"
+CURSOR = "<|cursor|>"
+
+
+@dataclass(frozen=True)
+class EditPrompt:
+    """What a layout shows the model.
+
+    ``prefix`` + ``region`` + ``suffix``: the document (or a window of it), split at whole lines;
+    ``cursor``: code point offset of the cursor in ``region``; ``history``: recent edits, oldest
+    first; ``region_before``: the region's text before those edits (Sweep's ``original/`` block; None
+    = the region as it is); ``context_files``: other files as (path, text).
+    """
+
+    path: str
+    prefix: str
+    region: str
+    suffix: str
+    cursor: int = 0
+    history: Sequence[EditDiff] = ()
+    region_before: str | None = None
+    context_files: Sequence[tuple[str, str]] = ()
+
+
+def _chomp(text: str) -> str:
+    """``text`` without one final newline (blocks are joined with newlines)."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith(("\n", "\r")) else text
+
+
+class EditLayout(ABC):
+    """A prompt layout: ``render`` a prompt, ``output_of`` an unchanged region, ``parse`` an output."""
+
+    name: str = ""
+    end_markers: tuple[str, ...] = ()
+    eos_ends: bool = True  # the model's end-of-text token ends the output as an end marker does
+
+    @abstractmethod
+    def render(self, p: EditPrompt) -> str:
+        """The prompt string (special tokens as text: tokenize it with them on)."""
+
+    @abstractmethod
+    def output_of(self, region: str) -> str:
+        """The output that rewrites the region to ``region``, its end marker included."""
+
+    def _body_end(self, output: str) -> int | None:
+        """Where the region's text ends in ``output`` (the first end marker), None without one."""
+        found = [i for i in (output.find(m) for m in self.end_markers) if i >= 0]
+        return min(found) if found else None
+
+    def _unwrap(self, body: str) -> str:
+        """The rewritten region from the output's text before its end."""
+        return body
+
+    def parse(self, output: str, eos: bool = False) -> str | None:
+        """The rewritten region from the model's ``output`` (decoded with special tokens), or None
+        when it is malformed: no end marker, and not ended by the model's end-of-text token (``eos``:
+        the decode stopped on it) where that ends the layout's output. The region's final newline is
+        the caller's to keep as the region's (``specls.next_edit.edits.normalize_rewrite``)."""
+        end = self._body_end(output)
+        if end is None:
+            if not (eos and self.eos_ends):
+                log.debug("%s: no end marker in %d chars of output", self.name, len(output))
+                return None
+            end = len(output)
+        return self._unwrap(output[:end])
+
+
+class SweepLayout(EditLayout):
+    """Sweep's next-edit models (module docstring: the sources). ``file_context``: the current file's
+    text as the first block (the v2 7B's card) or not (the 1.5B clients).
+
+    >>> p = EditPrompt("a.py", "", "x = 1\\n", "", history=[EditDiff("a.py", "y = 0\\n", "y = 1\\n")])
+    >>> print(SWEEP.render(p), end="")
+    <|file_sep|>a.py.diff
+    original:
+    y = 0
+    updated:
+    y = 1
+    <|file_sep|>original/a.py
+    x = 1
+    <|file_sep|>current/a.py
+    x = 1
+    <|file_sep|>updated/a.py
+    >>> SWEEP.parse("x = 2\\n<|file_sep|>"), SWEEP.parse("x = 2\\n"), SWEEP.parse("x = 2\\n", eos=True)
+    ('x = 2\\n', None, 'x = 2\\n')
+    """
+
+    end_markers = (FILE_SEP, "</s>")
+    eos_ends = True
+
+    def __init__(self, file_context: bool = False) -> None:
+        self.file_context = file_context
+        self.name = "sweep-file" if file_context else "sweep"
+
+    def render(self, p: EditPrompt) -> str:
+        parts: list[str] = []
+        for path, text in p.context_files:
+            parts += [f"{FILE_SEP}{path}", _chomp(text)]
+        if self.file_context:
+            parts += [f"{FILE_SEP}{p.path}", _chomp(p.prefix + p.region + p.suffix)]
+        for d in p.history:
+            if d.old != d.new:
+                parts += [f"{FILE_SEP}{d.path}.diff", "original:", _chomp(d.old), "updated:", _chomp(d.new)]
+        before = p.region if p.region_before is None else p.region_before
+        parts += [f"{FILE_SEP}original/{p.path}", _chomp(before)]
+        parts += [f"{FILE_SEP}current/{p.path}", _chomp(p.region)]
+        parts += [f"{FILE_SEP}updated/{p.path}", ""]
+        return "\n".join(parts)
+
+    def output_of(self, region: str) -> str:
+        return f"{_chomp(region)}\n{FILE_SEP}"
+
+    # No trimming of trailing whitespace (cursortab.nvim trims it from both sides before comparing):
+    # the output is the region and a newline, so a trimmed region with blank last lines would read
+    # as their deletion.
+
+
+CHAT_SYSTEM = "You predict a programmer's next edit from their recent edits. You reply with code only."
+CHAT_INSTRUCTIONS = (
+    "Rewrite the code between <region> and </region> the way the programmer will edit it next, "
+    f"following their recent edits; {CURSOR} marks their cursor. If it needs no edit, repeat it "
+    "unchanged. Reply with the rewritten region only, in one code block, without the markers."
+)
+FENCE = "```"
+
+
+class ChatRewriteLayout(EditLayout):
+    """Zero-shot for instruct models in Qwen2.5's chat template (``<|im_start|>``/``<|im_end|>``):
+    the recent edits as unified diffs, the file with the region marked and the cursor in it; the
+    reply is started with a code fence, so the output is the region and a closing fence.
+
+    >>> CHAT.parse("x = 2\\n```\\n"), CHAT.parse("x = 2\\n"), CHAT.parse("x = 2\\n", eos=True)
+    ('x = 2\\n', None, None)
+    """
+
+    name = "chat-rewrite"
+    end_markers = (FENCE,)
+    eos_ends = False  # an instruct model ends its turn after the fence; a reply without one was cut
+
+    def render(self, p: EditPrompt) -> str:
+        diffs = "".join(d.unified() for d in p.history)
+        edits = (
+            f"Recent edits, oldest first:\n{FENCE}diff\n{diffs}{FENCE}\n\n"
+            if diffs
+            else "No recent edits.\n\n"
+        )
+        cursor = min(max(p.cursor, 0), len(p.region))
+        marked = p.region[:cursor] + CURSOR + p.region[cursor:]
+        if marked and not marked.endswith("\n"):
+            marked += "\n"
+        suffix = p.suffix if not p.suffix or p.suffix.endswith("\n") else p.suffix + "\n"
+        user = (
+            f"{edits}File {p.path}:\n{FENCE}\n{p.prefix}<region>\n{marked}</region>\n{suffix}{FENCE}\n\n"
+            f"{CHAT_INSTRUCTIONS}"
+        )
+        return (
+            f"<|im_start|>system\n{CHAT_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            f"<|im_start|>assistant\n{FENCE}\n"
+        )
+
+    def output_of(self, region: str) -> str:
+        body = region if not region or region.endswith("\n") else region + "\n"
+        return f"{body}{FENCE}"
+
+    def _body_end(self, output: str) -> int | None:
+        # the closing fence opens a line: a ``` inside a line of code is code
+        at = 0
+        while (i := output.find(FENCE, at)) >= 0:
+            if i == 0 or output[i - 1] == "\n":
+                return i
+            at = i + 1
+        return None
+
+    def _unwrap(self, body: str) -> str:
+        return body.replace(CURSOR, "")  # a model that copies the cursor marker meant no edit there
+
+
+class FimRewriteLayout(EditLayout):
+    """Zero-shot for code models with Qwen2.5-Coder's FIM and file-separator tokens: other files, the
+    current file, the recent edits as a ``.diff`` file, then the file as FIM around the region (the
+    middle is the rewritten region; it ends at the model's end-of-text).
+
+    >>> print(FIM.render(EditPrompt("a.py", "a\\n", "b\\n", "c\\n")), end="")
+    <|file_sep|>a.py
+    a
+    b
+    c
+    <|file_sep|>a.py
+    <|fim_prefix|>a
+    <|fim_suffix|>c
+    <|fim_middle|>
+    >>> FIM.parse("b2\\n<|endoftext|>"), FIM.parse("b2\\n"), FIM.parse("b2\\n", eos=True)
+    ('b2\\n', None, 'b2\\n')
+    """
+
+    name = "fim-rewrite"
+    end_markers = ("<|endoftext|>", FILE_SEP, "<|fim_pad|>")
+    eos_ends = True
+
+    def render(self, p: EditPrompt) -> str:
+        parts = [f"{FILE_SEP}{path}\n{_chomp(text)}\n" for path, text in p.context_files]
+        parts.append(f"{FILE_SEP}{p.path}\n{_chomp(p.prefix + p.region + p.suffix)}\n")
+        diffs = "".join(d.unified() for d in p.history)
+        if diffs:
+            parts.append(f"{FILE_SEP}{p.path}.diff\n{diffs}")
+        parts.append(f"{FILE_SEP}{p.path}\n<|fim_prefix|>{p.prefix}<|fim_suffix|>{p.suffix}<|fim_middle|>")
+        return "".join(parts)
+
+    def output_of(self, region: str) -> str:
+        return f"{region}<|endoftext|>"
+
+
+SWEEP = SweepLayout()
+SWEEP_FILE = SweepLayout(file_context=True)
+CHAT = ChatRewriteLayout()
+FIM = FimRewriteLayout()
+LAYOUTS: dict[str, EditLayout] = {layout.name: layout for layout in (SWEEP, SWEEP_FILE, CHAT, FIM)}
+ZERO_SHOT = ("chat-rewrite", "fim-rewrite")  # for models not trained on a next-edit layout
+
+
+def get_layout(name: str) -> EditLayout:
+    """The layout called ``name`` (as ``specls.json`` spells it).
+
+    >>> get_layout("sweep").name
+    'sweep'
+    """
+    try:
+        return LAYOUTS[name]
+    except KeyError:
+        raise ValueError(f"unknown next-edit layout {name!r}; known: {', '.join(sorted(LAYOUTS))}") from None
+
+
+def layout_for_model(model_id: str) -> str:
+    """The layout an export writes into ``specls.json`` when none is given: Sweep's for its next-edit
+    models, the chat one for instruct models, the FIM one for other code models.
+
+    >>> [layout_for_model(m) for m in ("sweepai/sweep-next-edit-1.5B", "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    ...                                 "Qwen/Qwen2.5-Coder-1.5B")]
+    ['sweep', 'chat-rewrite', 'fim-rewrite']
+    """
+    lowered = model_id.lower()
+    if "sweep-next-edit" in lowered:
+        return SWEEP.name
+    return CHAT.name if "instruct" in lowered or "chat" in lowered else FIM.name

@@ -1,0 +1,118 @@
+"""Next-edit prompt layouts: rendering, the unchanged output, parsing (and refusing) model output."""
+
+from __future__ import annotations
+
+import pytest
+
+from specls.next_edit.edit_diff import EditDiff
+from specls.next_edit.edits import minimal_edits, normalize_rewrite
+from specls.next_edit.layouts import (
+    CHAT,
+    CURSOR,
+    FIM,
+    LAYOUTS,
+    SWEEP,
+    SWEEP_FILE,
+    ZERO_SHOT,
+    EditPrompt,
+    get_layout,
+)
+
+HISTORY = [
+    EditDiff("pkg/a.py", "def f(a, b):\n", "def f(x, b):\n", start_line=3),
+    EditDiff("pkg/a.py", "    return a + b\n", "    return x + b\n", start_line=4),
+]
+PROMPT = EditPrompt(
+    path="pkg/a.py",
+    prefix="import os\n\n\n",
+    region="def f(x, b):\n    return x + b\n\ndef g(a, b):\n",
+    suffix="    return a * b\n",
+    cursor=5,
+    history=HISTORY,
+    region_before="def f(a, b):\n    return a + b\n\ndef g(a, b):\n",
+    context_files=[("pkg/util.py", "X = 1\n")],
+)
+REGIONS = ["a\nb\n", "a\n\n\n", "last line without newline", "", "x = '```'\n", "\n"]
+
+
+def test_layouts_are_named_and_selectable() -> None:
+    assert set(LAYOUTS) == {"sweep", "sweep-file", "chat-rewrite", "fim-rewrite"}
+    assert set(ZERO_SHOT) <= set(LAYOUTS)
+    for name, layout in LAYOUTS.items():
+        assert get_layout(name) is layout and layout.name == name
+    with pytest.raises(ValueError, match="chat-rewrite"):  # the message names the known layouts
+        get_layout("zeta")
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("region", REGIONS)
+def test_the_unchanged_output_parses_back_to_the_region(name: str, region: str) -> None:
+    layout = get_layout(name)
+    rewritten = layout.parse(layout.output_of(region))
+    assert rewritten is not None
+    # Not an edit: the layout's own unchanged output must give no edit at all
+    assert normalize_rewrite(region, rewritten) == region
+    assert minimal_edits(region, rewritten, 0) == []
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_output_cut_before_its_end_is_malformed(name: str) -> None:
+    layout = get_layout(name)
+    full = layout.output_of("def g(x, b):\n")
+    cut = full[: full.index("g(") + 4]
+    assert layout.parse(cut) is None  # Not "def g(": a budget cut is no rewrite
+    # the model's end-of-text token ends the output only where the layout says so
+    assert (layout.parse("def g(x, b):\n", eos=True) is not None) == layout.eos_ends
+
+
+def test_the_text_after_the_end_marker_is_ignored() -> None:
+    assert SWEEP.parse("a\n<|file_sep|>original/b.py\nmore") == "a\n"
+    assert SWEEP.parse("a\n</s>junk") == "a\n"
+    assert CHAT.parse("a\n```\nSome explanation.") == "a\n"
+    assert FIM.parse("a\n<|file_sep|>b.py\n") == "a\n"
+
+
+def test_sweep_layout() -> None:
+    text = SWEEP.render(PROMPT)
+    # other files first, then the edits as original/updated blocks, then original/current/updated
+    order = [
+        "<|file_sep|>pkg/util.py\nX = 1\n",
+        "<|file_sep|>pkg/a.py.diff\noriginal:\ndef f(a, b):\nupdated:\ndef f(x, b):\n",
+        "<|file_sep|>pkg/a.py.diff\noriginal:\n    return a + b\nupdated:\n    return x + b\n",
+        "<|file_sep|>original/pkg/a.py\ndef f(a, b):\n    return a + b\n\ndef g(a, b):\n",
+        "<|file_sep|>current/pkg/a.py\ndef f(x, b):\n    return x + b\n\ndef g(a, b):\n",
+    ]
+    at = [text.index(block) for block in order]
+    assert at == sorted(at)
+    assert text.endswith("<|file_sep|>updated/pkg/a.py\n")
+    assert "@@" not in text  # Not unified diffs: Sweep's models read original/updated blocks
+    assert CURSOR not in text
+    assert "import os" not in text  # the 1.5B clients' layout has no file block
+    assert "<|file_sep|>pkg/a.py\nimport os\n\n\ndef f(x, b):" in SWEEP_FILE.render(PROMPT)
+    # without recent edits: no .diff block, original/ is the region itself
+    plain = SWEEP.render(EditPrompt("a.py", "", "x\n", ""))
+    assert plain == "<|file_sep|>original/a.py\nx\n<|file_sep|>current/a.py\nx\n<|file_sep|>updated/a.py\n"
+    # the unchanged output continues the prompt as the current/ block shows the region
+    assert SWEEP.output_of(PROMPT.region).startswith(PROMPT.region)
+
+
+def test_chat_layout() -> None:
+    text = CHAT.render(PROMPT)
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith("<|im_start|>assistant\n```\n")  # the reply is started: its output is the region
+    assert "@@ -4 +4 @@\n-def f(a, b):\n+def f(x, b):\n" in text  # unified diffs, the file's line numbers
+    assert "<region>\ndef f" + CURSOR + "(x, b):\n" in text  # the cursor at its offset in the region
+    assert "</region>\n    return a * b\n```" in text
+    assert CHAT.parse("def f(x, b):\n    return x + b\n```") == "def f(x, b):\n    return x + b\n"
+    assert CHAT.parse(f"def f({CURSOR}x, c):\n```") == "def f(x, c):\n"  # a copied marker is dropped
+    assert CHAT.parse("s = '```'\n```\n") == "s = '```'\n"  # a fence inside a line is code
+    assert "No recent edits." in CHAT.render(EditPrompt("a.py", "", "x\n", ""))
+
+
+def test_fim_layout() -> None:
+    text = FIM.render(PROMPT)
+    assert text.startswith("<|file_sep|>pkg/util.py\nX = 1\n<|file_sep|>pkg/a.py\nimport os\n")
+    assert "<|file_sep|>pkg/a.py.diff\n--- a/pkg/a.py\n+++ b/pkg/a.py\n@@ -4 +4 @@" in text
+    assert text.endswith(
+        "<|file_sep|>pkg/a.py\n<|fim_prefix|>import os\n\n\n<|fim_suffix|>    return a * b\n<|fim_middle|>"
+    )
