@@ -110,7 +110,7 @@ def resolve_model(
     path = Path(text).expanduser()
     if path.is_dir():
         return path
-    if path.suffix.lower() == ".gguf":
+    if path.suffix.lower() == ".gguf" and (path.exists() or _HUB_ID.match(text) is None):
         if not path.is_file():
             raise HubError(f"{path}: no such GGUF file")
         return _resolve_local_gguf(path.resolve(), settings, progress, store)
@@ -297,7 +297,7 @@ def _download(hub: HubSpec, commit: str, gguf_file: str | None, progress: Progre
             local = snapshot_download(
                 hub.repo, revision=commit, allow_patterns=list(CHECKPOINT_PATTERNS), tqdm_class=bar, **kw
             )
-    except errors.EntryNotFoundError:
+    except errors.RemoteEntryNotFoundError:
         raise HubError(f"{hub.repo}: {gguf_file or 'a file'} is listed but missing on the hub") from None
     except (*_connection_errors(), errors.HfHubHTTPError, OSError, errors.LocalEntryNotFoundError) as exc:
         raise HubError(
