@@ -6,6 +6,11 @@
 - ``create_server(settings, engine)``: one session's ``LanguageServer``: documents, settings, and the
   newest-request-wins bookkeeping. Pass ``host=`` to share an engine between sessions.
 
+A ``Session`` keeps its parts in their own modules: ``team_auth`` (team mode's token check and engine
+view, behind typed protocols), ``continuation`` (a line-first answer's block, decoded once the user
+pauses), ``document_sync`` (the engine's copy of the open buffers), ``load_progress`` (the model load
+shown in the client), ``counters`` (what ``specls/stats`` reports) and ``job`` (one request).
+
 Never stale: a completion request is for the document as it was when the request arrived. Its snapshot
 is taken when the message is dispatched (``SpeclsProtocol.handle_message``), before the messages after it
 in the same read (a didChange right behind it) are applied; the answer is computed on that snapshot and
@@ -299,7 +304,6 @@ class Session:
         self.server = server
         self.settings = settings
         self.host = host
-        self.doc_prefix = doc_prefix
         self.store = DocumentStore()
         self.jobs: dict[str, Job] = {}
         self.reported: set[str] = set()
