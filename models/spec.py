@@ -149,98 +149,91 @@ def _err(path: Path, what: str) -> ModelLoadError:
     return ModelLoadError(f"{path}: {what}")
 
 
+class _Fields:
+    """Typed reads of a parsed ``specls.json``, each raising ModelLoadError naming the file and field."""
+
+    def __init__(self, d: dict[str, Any], path: Path) -> None:
+        self.d = d
+        self.path = path
+
+    def get_int(self, key: str, minimum: int = 1) -> int:
+        v = self.d.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+            raise _err(self.path, f"field {key!r} must be an integer >= {minimum}, got {v!r}")
+        return v
+
+    def get_str(self, key: str) -> str:
+        v = self.d.get(key)
+        if not isinstance(v, str) or not v:
+            raise _err(self.path, f"field {key!r} must be a non-empty string, got {v!r}")
+        return v
+
+    def get_names(self, key: str, n: int | None = None) -> tuple[str, ...]:
+        v = self.d.get(key)
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            raise _err(self.path, f"field {key!r} must be a list of names")
+        if n is not None and len(v) != n:
+            raise _err(self.path, f"field {key!r} has {len(v)} names, expected one per layer ({n})")
+        if len(set(v)) != len(v):
+            raise _err(self.path, f"field {key!r} has duplicate names")
+        return tuple(v)
+
+    def get_file(self, key: str) -> str | None:
+        """An optional plain file name (no directory part), or None."""
+        v = self.d.get(key)
+        if v is not None and (not isinstance(v, str) or Path(v).name != v):
+            raise _err(self.path, f"field {key!r} must be a plain file name or null, got {v!r}")
+        return v
+
+
 def spec_from_dict(d: object, path: Path) -> ModelSpec:
     """Validate a parsed ``specls.json``; raises ModelLoadError naming ``path`` and the bad field."""
     if not isinstance(d, dict):
         raise _err(path, "not a JSON object")
-
-    def get_int(key: str, minimum: int = 1) -> int:
-        v = d.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-            raise _err(path, f"field {key!r} must be an integer >= {minimum}, got {v!r}")
-        return v
-
-    def get_str(key: str) -> str:
-        v = d.get(key)
-        if not isinstance(v, str) or not v:
-            raise _err(path, f"field {key!r} must be a non-empty string, got {v!r}")
-        return v
-
-    def get_names(key: str, n: int | None = None) -> tuple[str, ...]:
-        v = d.get(key)
-        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-            raise _err(path, f"field {key!r} must be a list of names")
-        if n is not None and len(v) != n:
-            raise _err(path, f"field {key!r} has {len(v)} names, expected one per layer ({n})")
-        if len(set(v)) != len(v):
-            raise _err(path, f"field {key!r} has duplicate names")
-        return tuple(v)
-
+    f = _Fields(d, path)
     version = d.get("format_version")
     if version != FORMAT_VERSION:
         raise _err(path, f"format_version {version!r} is not supported (expected {FORMAT_VERSION})")
-    num_layers = get_int("num_layers")
-    dtype = get_str("dtype")
+    num_layers = f.get_int("num_layers")
+    dtype = f.get_str("dtype")
     if dtype not in DTYPES:
         raise _err(path, f"field 'dtype' must be one of {DTYPES}, got {dtype!r}")
     kv_layout = d.get("kv_layout", KV_LAYOUT)
     if kv_layout != KV_LAYOUT:
         raise _err(path, f"field 'kv_layout' must be {KV_LAYOUT!r}, got {kv_layout!r}")
-    input_names = get_names("input_names")
-    for required in ("input_ids", "attention_mask"):
-        if required not in input_names:
-            raise _err(path, f"field 'input_names' lacks {required!r}")
-    unknown = set(input_names) - {"input_ids", "attention_mask", "position_ids", LOGITS_TO_KEEP}
-    if unknown:
-        raise _err(path, f"field 'input_names' has unknown inputs {sorted(unknown)}")
-    eos = d.get("eos_token_ids")
-    if not isinstance(eos, list) or not all(isinstance(x, int) and x >= 0 for x in eos):
-        raise _err(path, "field 'eos_token_ids' must be a list of token ids")
-    bos = d.get("bos_token_id")
-    if bos is not None and (not isinstance(bos, int) or bos < 0):
-        raise _err(path, f"field 'bos_token_id' must be a token id or null, got {bos!r}")
-    fim_raw = d.get("fim")
-    fim: FimTemplate | None = None
-    if fim_raw is not None:
-        try:
-            fim = FimTemplate.from_dict(fim_raw)
-        except ValueError as exc:
-            raise _err(path, str(exc)) from None
+    input_names = _input_names(f)
+    eos, bos = _special_tokens(f)
+    fim = _fim(f)
     for key in ("onnx_file", "tokenizer_file"):
-        name = get_str(key)
+        name = f.get_str(key)
         if Path(name).name != name:
             raise _err(path, f"field {key!r} must be a plain file name, got {name!r}")
-    batch_file = d.get("batch_onnx_file")
-    if batch_file is not None and (not isinstance(batch_file, str) or Path(batch_file).name != batch_file):
-        raise _err(path, f"field 'batch_onnx_file' must be a plain file name or null, got {batch_file!r}")
-    head_file = d.get("head_ids_file")
-    if head_file is not None and (not isinstance(head_file, str) or Path(head_file).name != head_file):
-        raise _err(path, f"field 'head_ids_file' must be a plain file name or null, got {head_file!r}")
+    batch_file, head_file = f.get_file("batch_onnx_file"), f.get_file("head_ids_file")
     shared_kv = d.get("shared_kv_buffer", False)
     if not isinstance(shared_kv, bool):
         raise _err(path, f"field 'shared_kv_buffer' must be true or false, got {shared_kv!r}")
     source = d.get("source", "")
     spec = ModelSpec(
         format_version=version,
-        model_type=get_str("model_type"),
-        architecture=get_str("architecture"),
-        vocab_size=get_int("vocab_size"),
+        model_type=f.get_str("model_type"),
+        architecture=f.get_str("architecture"),
+        vocab_size=f.get_int("vocab_size"),
         num_layers=num_layers,
-        num_kv_heads=get_int("num_kv_heads"),
-        head_dim=get_int("head_dim"),
-        hidden_size=get_int("hidden_size"),
+        num_kv_heads=f.get_int("num_kv_heads"),
+        head_dim=f.get_int("head_dim"),
+        hidden_size=f.get_int("hidden_size"),
         dtype=dtype,
-        onnx_file=get_str("onnx_file"),
-        tokenizer_file=get_str("tokenizer_file"),
+        onnx_file=f.get_str("onnx_file"),
+        tokenizer_file=f.get_str("tokenizer_file"),
         input_names=input_names,
-        past_key_names=get_names("past_key_names", num_layers),
-        past_value_names=get_names("past_value_names", num_layers),
-        present_key_names=get_names("present_key_names", num_layers),
-        present_value_names=get_names("present_value_names", num_layers),
-        logits_name=get_str("logits_name"),
-        eos_token_ids=tuple(eos),
+        past_key_names=f.get_names("past_key_names", num_layers),
+        past_value_names=f.get_names("past_value_names", num_layers),
+        present_key_names=f.get_names("present_key_names", num_layers),
+        present_value_names=f.get_names("present_value_names", num_layers),
+        logits_name=f.get_str("logits_name"),
+        eos_token_ids=eos,
         fim=fim,
-        max_context=get_int("max_context"),
+        max_context=f.get_int("max_context"),
         kv_layout=kv_layout,
         bos_token_id=bos,
         source=source if isinstance(source, str) else "",
@@ -248,13 +241,50 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
         shared_kv_buffer=shared_kv,
         head_ids_file=head_file,
     )
+    _check_names(spec, path)
+    return spec
+
+
+def _input_names(f: _Fields) -> tuple[str, ...]:
+    input_names = f.get_names("input_names")
+    for required in ("input_ids", "attention_mask"):
+        if required not in input_names:
+            raise _err(f.path, f"field 'input_names' lacks {required!r}")
+    unknown = set(input_names) - {"input_ids", "attention_mask", "position_ids", LOGITS_TO_KEEP}
+    if unknown:
+        raise _err(f.path, f"field 'input_names' has unknown inputs {sorted(unknown)}")
+    return input_names
+
+
+def _special_tokens(f: _Fields) -> tuple[tuple[int, ...], int | None]:
+    """The end-of-sequence token ids and the beginning-of-sequence one (or None)."""
+    eos = f.d.get("eos_token_ids")
+    if not isinstance(eos, list) or not all(isinstance(x, int) and x >= 0 for x in eos):
+        raise _err(f.path, "field 'eos_token_ids' must be a list of token ids")
+    bos = f.d.get("bos_token_id")
+    if bos is not None and (not isinstance(bos, int) or bos < 0):
+        raise _err(f.path, f"field 'bos_token_id' must be a token id or null, got {bos!r}")
+    return tuple(eos), bos
+
+
+def _fim(f: _Fields) -> FimTemplate | None:
+    fim_raw = f.d.get("fim")
+    if fim_raw is None:
+        return None
+    try:
+        return FimTemplate.from_dict(fim_raw)
+    except ValueError as exc:
+        raise _err(f.path, str(exc)) from None
+
+
+def _check_names(spec: ModelSpec, path: Path) -> None:
+    """What holds across fields: distinct graph I/O names, end-of-sequence ids inside the vocabulary."""
     if len(set(spec.graph_inputs)) != len(spec.graph_inputs):
         raise _err(path, "graph input names overlap")
     if len(set(spec.graph_outputs)) != len(spec.graph_outputs):
         raise _err(path, "graph output names overlap")
     if any(e >= spec.vocab_size for e in spec.eos_token_ids):
         raise _err(path, f"eos_token_ids {list(spec.eos_token_ids)} outside vocab_size {spec.vocab_size}")
-    return spec
 
 
 def load_spec(model_dir: str | Path) -> ModelSpec:

@@ -281,108 +281,177 @@ def _save_state(path: Path, state: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def train(options: TrainOptions) -> TrainReport:
-    """Train target and draft on the same batches; checkpoints to ``out_dir/state.pt``."""
+@dataclass
+class _Pair:
+    """Target and draft with their optimizers, and the run so far (what ``state.pt`` holds)."""
+
+    target: Any  # LlamaForCausalLM
+    draft: Any
+    opt_target: Any  # torch.optim.Optimizer
+    opt_draft: Any
+    start_step: int = 0
+    prior_wall: float = 0.0  # seconds trained before this process (a resumed run)
+    history: list[tuple[float, float]] = field(default_factory=list)  # (target, draft) loss per step
+
+
+def _new_pair(options: TrainOptions) -> _Pair:
+    """Fresh target and draft, or with ``resume`` the ones saved in ``out_dir/state.pt``."""
     import torch
     from transformers import LlamaForCausalLM
 
-    torch.set_num_threads(options.threads)
-    torch.manual_seed(options.seed)
-    _tok, rows = prepare_data(options)
     vocab = options.vocab_size
     target = LlamaForCausalLM(llama_config(options.target, vocab))
     draft = LlamaForCausalLM(llama_config(options.draft, vocab))
-    opt_t = _optimizer(target, options.lr, options.weight_decay)
-    opt_d = _optimizer(draft, options.draft_lr, options.weight_decay)
+    pair = _Pair(
+        target,
+        draft,
+        _optimizer(target, options.lr, options.weight_decay),
+        _optimizer(draft, options.draft_lr, options.weight_decay),
+    )
     state_path = options.out_dir / "state.pt"
-    history: list[tuple[float, float]] = []
-    start_step, prior_wall = 0, 0.0
     if options.resume and state_path.exists():
         state = torch.load(state_path, weights_only=False)
         target.load_state_dict(state["target"])
         draft.load_state_dict(state["draft"])
-        opt_t.load_state_dict(state["opt_target"])
-        opt_d.load_state_dict(state["opt_draft"])
-        start_step, prior_wall = int(state["step"]), float(state["wall_s"])
-        history = [tuple(h) for h in state["history"]]  # type: ignore[misc]
-        log.info("resumed at step %d", start_step)
-    target.train()
-    draft.train()
+        pair.opt_target.load_state_dict(state["opt_target"])
+        pair.opt_draft.load_state_dict(state["opt_draft"])
+        pair.start_step, pair.prior_wall = int(state["step"]), float(state["wall_s"])
+        pair.history = [tuple(h) for h in state["history"]]  # type: ignore[misc]
+        log.info("resumed at step %d", pair.start_step)
+    return pair
+
+
+class _Batches:
+    """Each step's batch: rows of ``seq_len``, or in the last ``long_frac`` of the decay rows
+    ``long_factor`` times longer (fewer of them: the same tokens per step)."""
+
+    def __init__(self, rows: np.ndarray, options: TrainOptions) -> None:
+        import torch
+
+        self.options = options
+        self.rows = torch.from_numpy(rows.astype(np.int64))  # [n_rows, seq_len]
+        self.factor = max(1, options.long_factor)
+        self.n_long = len(rows) // self.factor
+        self.long_rows = self.rows[: self.n_long * self.factor].reshape(
+            self.n_long, options.seq_len * self.factor
+        )
+        self.long_batch = max(1, options.batch_size // self.factor)
+        self.use_long = options.long_frac > 0 and self.factor > 1 and self.n_long >= 1
+        self.long_steps = 0
+
+    def at(self, step: int, frac: float) -> torch.Tensor:
+        import torch
+
+        o = self.options
+        if self.use_long and frac >= 1.0 - o.long_frac:
+            idx = torch.from_numpy(batch_indices(step, self.long_batch, self.n_long, o.seed))
+            self.long_steps += 1
+            return self.long_rows[idx]  # [batch / factor, seq_len * factor]
+        idx = torch.from_numpy(batch_indices(step, o.batch_size, len(self.rows), o.seed))
+        return self.rows[idx]  # [batch, seq_len]
+
+
+def _step(
+    pair: _Pair, batch: torch.Tensor, step: int, frac: float, options: TrainOptions
+) -> tuple[float, float]:
+    """One optimizer step of each model on ``batch``; returns (target loss, draft loss)."""
+    import torch
+
+    losses = []
+    for model, opt, peak in (
+        (pair.target, pair.opt_target, options.lr),
+        (pair.draft, pair.opt_draft, options.draft_lr),
+    ):
+        lr = lr_at(step, frac, peak, options.warmup_steps, options.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), options.grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses[0], losses[1]
+
+
+def _checkpoint(pair: _Pair, step: int, wall_s: float, options: TrainOptions) -> None:
+    _save_state(
+        options.out_dir / "state.pt",
+        {
+            "step": step,
+            "wall_s": wall_s,
+            "target": pair.target.state_dict(),
+            "draft": pair.draft.state_dict(),
+            "opt_target": pair.opt_target.state_dict(),
+            "opt_draft": pair.opt_draft.state_dict(),
+            "history": pair.history,
+            "target_shape": dataclasses.asdict(options.target),
+            "draft_shape": dataclasses.asdict(options.draft),
+            "vocab_size": options.vocab_size,
+            "options": repr(options),
+        },
+    )
+
+
+def train(options: TrainOptions) -> TrainReport:
+    """Train target and draft on the same batches; checkpoints to ``out_dir/state.pt``."""
+    import torch
+
+    torch.set_num_threads(options.threads)
+    torch.manual_seed(options.seed)
+    _tok, rows = prepare_data(options)
+    pair = _new_pair(options)
+    pair.target.train()
+    pair.draft.train()
     total = options.steps
     tokens_per_step = options.batch_size * options.seq_len
     progress = _Progress(total, options.progress)
     t0 = time.perf_counter()
-    rows_t = torch.from_numpy(rows.astype(np.int64))  # [n_rows, seq_len]
-    factor = max(1, options.long_factor)
-    n_long = len(rows) // factor
-    long_rows_t = rows_t[: n_long * factor].reshape(n_long, options.seq_len * factor)
-    long_batch = max(1, options.batch_size // factor)
-    use_long = options.long_frac > 0 and factor > 1 and n_long >= 1
+    batches = _Batches(rows, options)
     end = total if options.stop_after is None else min(total, options.stop_after)
-    out_of_time = False
-    long_steps = 0
-    for step in range(start_step, end):
+    for step in range(pair.start_step, end):
         frac = decay_fraction(
-            step, total, options.warmup_steps, prior_wall + time.perf_counter() - t0, options.time_budget_s
+            step,
+            total,
+            options.warmup_steps,
+            pair.prior_wall + time.perf_counter() - t0,
+            options.time_budget_s,
         )
-        if use_long and frac >= 1.0 - options.long_frac:
-            idx = torch.from_numpy(batch_indices(step, long_batch, n_long, options.seed))
-            batch = long_rows_t[idx]  # [batch / factor, seq_len * factor]
-            long_steps += 1
-        else:
-            idx = torch.from_numpy(batch_indices(step, options.batch_size, len(rows), options.seed))
-            batch = rows_t[idx]  # [batch, seq_len]
-        losses = []
-        for model, opt, peak in ((target, opt_t, options.lr), (draft, opt_d, options.draft_lr)):
-            lr = lr_at(step, frac, peak, options.warmup_steps, options.min_lr_ratio)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            loss = model(input_ids=batch, labels=batch).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), options.grad_clip)
-            opt.step()
-            losses.append(float(loss.detach()))
-        history.append((losses[0], losses[1]))
+        batch = batches.at(step, frac)
+        losses = _step(pair, batch, step, frac, options)
+        pair.history.append(losses)
         elapsed = time.perf_counter() - t0
-        tps = (step + 1 - start_step) * tokens_per_step / max(elapsed, 1e-9)
+        tps = (step + 1 - pair.start_step) * tokens_per_step / max(elapsed, 1e-9)
         progress.update(
             step + 1,
             f"loss T {losses[0]:.3f} D {losses[1]:.3f} {tps:,.0f} tok/s len {batch.shape[1]} lr-frac {frac:.2f}",
         )
-        if options.time_budget_s is not None and prior_wall + elapsed >= options.time_budget_s:
-            out_of_time = True
+        out_of_time = options.time_budget_s is not None and pair.prior_wall + elapsed >= options.time_budget_s
         if (step + 1) % options.save_every == 0 or step + 1 == end or out_of_time:
-            _save_state(
-                state_path,
-                {
-                    "step": step + 1,
-                    "wall_s": prior_wall + elapsed,
-                    "target": target.state_dict(),
-                    "draft": draft.state_dict(),
-                    "opt_target": opt_t.state_dict(),
-                    "opt_draft": opt_d.state_dict(),
-                    "history": history,
-                    "target_shape": dataclasses.asdict(options.target),
-                    "draft_shape": dataclasses.asdict(options.draft),
-                    "vocab_size": vocab,
-                    "options": repr(options),
-                },
-            )
+            _checkpoint(pair, step + 1, pair.prior_wall + elapsed, options)
         if out_of_time:
             log.info("time budget reached after step %d", step + 1)
             end = step + 1
             break
     progress.close()
-    wall = prior_wall + (time.perf_counter() - t0)
+    wall = pair.prior_wall + (time.perf_counter() - t0)
+    report = _report(pair, end, tokens_per_step, wall, rows, batches.long_steps)
+    (options.out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    return report
+
+
+def _report(
+    pair: _Pair, end: int, tokens_per_step: int, wall: float, rows: np.ndarray, long_steps: int
+) -> TrainReport:
+    history = pair.history
     tail = history[-min(20, len(history)) :] if history else [(float("nan"), float("nan"))]
-    report = TrainReport(
+    return TrainReport(
         steps=end,
         tokens_seen=end * tokens_per_step,
         wall_s=wall,
         tokens_per_s=end * tokens_per_step / max(wall, 1e-9),
-        target_params=count_params(target),
-        draft_params=count_params(draft),
+        target_params=count_params(pair.target),
+        draft_params=count_params(pair.draft),
         target_loss=float(np.mean([h[0] for h in tail])),
         draft_loss=float(np.mean([h[1] for h in tail])),
         first_target_loss=history[0][0] if history else float("nan"),
@@ -390,8 +459,6 @@ def train(options: TrainOptions) -> TrainReport:
         corpus_tokens=int(rows.size),
         long_steps=long_steps,
     )
-    (options.out_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    return report
 
 
 def load_trained(out_dir: Path) -> tuple[LlamaForCausalLM, LlamaForCausalLM, dict[str, Any]]:
