@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from specls.decoder.api import DecodeSettings
-from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
+from specls.decoder.planned import PlannedDrafter, PolicyState
+from specls.decoder.policy import PassCosts
 from specls.models.agreement import AgreementOptions
 from specls.models.export import ExportError, ExportOptions, export_model, read_report
 from specls.models.head import HEAD_FILL, HEAD_IDS_FILE, ascii_token_ids, load_head_ids, scatter_head
@@ -23,6 +25,7 @@ from tests.models.conftest import build_checkpoint
 from tests.models.test_spec import _io, make_spec, write_dir
 
 CPU = RuntimeSettings(threads=1, provider="cpu")
+CHEAP_STEPS = PassCosts(step=0.05, catchup=0.001)  # the policy then drafts with the model
 TINY = AgreementOptions(positions=1024, min_top1=0.5, threads=1)  # see test_quantize.TINY
 
 
@@ -209,14 +212,18 @@ def test_speculative_with_an_ascii_head_draft_equals_plain_greedy(
     target = OnnxCausalLM(heads["full"], CPU)
     draft = OnnxCausalLM(heads[draft_dir], CPU)
     tok = target.tokenizer
-    settings = DecodeSettings(max_new_tokens=24, min_speedup=0.0)  # drafting never switched off
+    settings = DecodeSettings(max_new_tokens=24)
     accepted = 0
     for text in ("def add(a, b):\n", "naïve café — ", "class Point:"):
         prompt = tok.encode(text)
         plain = generate(target.new_cache(), prompt, None, settings, frozenset())
         for drafter in (
             DraftModelDrafter(draft),
-            HybridDrafter(PromptLookupDrafter(None), DraftModelDrafter(draft)),
+            # both combined as the default path combines them (the drafting policy); cheap draft
+            # steps so that the policy drafts with the model too
+            PlannedDrafter(
+                PromptLookupDrafter(None), DraftModelDrafter(draft), PolicyState(costs=CHEAP_STEPS)
+            ),
         ):
             spec = generate(target.new_cache(), prompt, drafter, settings, frozenset())
             assert spec.tokens == plain.tokens, (draft_dir, text)

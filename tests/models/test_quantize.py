@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from specls.decoder.api import DecodeSettings
-from specls.decoder.drafters import DraftModelDrafter, HybridDrafter, PromptLookupDrafter
+from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
+from specls.decoder.planned import PlannedDrafter, PolicyState
+from specls.decoder.policy import PassCosts
 from specls.models.agreement import AgreementOptions, agreement_of_dirs, compare_logits
 from specls.models.export import ExportError, ExportOptions, export_model, read_report, resolve_quantize
 from specls.models.quantize import QuantizeError, QuantizeOptions, options_for, quantize_graph
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.slow
 # is 90%+. The floor for them is 0.5; a broken quantization lands far below (zeroed scales: ~0%).
 TINY = AgreementOptions(positions=2048, min_top1=0.5, threads=1)
 CPU = RuntimeSettings(threads=1, provider="cpu")
+CHEAP_STEPS = PassCosts(step=0.05, catchup=0.001)  # the policy then drafts with the model
 
 
 def _ops(path: Path) -> dict[str, int]:
@@ -113,14 +116,18 @@ def test_speculative_equals_plain_greedy_on_quantized(
     draft = OnnxCausalLM(exported[arch], CPU)  # the fp32 graph as the draft: it disagrees sometimes
     tok = target.tokenizer
     prompts = [tok.encode(t) for t in ("def add(a, b):\n", "for i in range(10):\n    print(", "class Point:")]
-    settings = DecodeSettings(max_new_tokens=24, min_speedup=0.0)  # drafting never switched off
+    settings = DecodeSettings(max_new_tokens=24)
     accepted = 0
     for prompt in prompts:
         plain = generate(target.new_cache(), prompt, None, settings, frozenset())
         for drafter in (
             PromptLookupDrafter(None),
             DraftModelDrafter(draft),
-            HybridDrafter(PromptLookupDrafter(None), DraftModelDrafter(draft)),
+            # both combined as the default path combines them (the drafting policy); cheap draft
+            # steps so that the policy drafts with the model too
+            PlannedDrafter(
+                PromptLookupDrafter(None), DraftModelDrafter(draft), PolicyState(costs=CHEAP_STEPS)
+            ),
         ):
             spec = generate(target.new_cache(), prompt, drafter, settings, frozenset())
             assert spec.tokens == plain.tokens, _margin(target, prompt, plain.tokens, spec.tokens)
