@@ -7,7 +7,7 @@ are the fastest there are, not llama.cpp's defaults. One line per configuration:
 bench real counts it (tokens / ``predicted_ms``), drafted and accepted tokens, and how many points
 gave llama.cpp's own plain output.
 
-    .venv/bin/python scripts/llama_ngram_sweep.py --model DIR --gguf-target T.gguf --gguf-draft D.gguf \\
+    .venv/bin/python bench/scripts/llama_ngram_sweep.py --model DIR --gguf-target T.gguf --gguf-draft D.gguf \\
         --llama-server BIN --threads 2 plain ngram-simple ngram-map-k4v-n4m16 draft-n3p0.8
 
 Names: ``plain``, ``ngram-simple``, ``ngram-mod``, ``ngram-cache`` (llama.cpp's defaults),

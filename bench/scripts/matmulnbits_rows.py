@@ -14,9 +14,9 @@ with M. ``--layers 24`` chains 24 distinct weights (K->N, N->K, ...) so that the
 as a model's do instead of sitting in the cache; there, 1 thread: int4 level 4 32 / 46 / 70 / 116 ms
 at M = 2 / 4 / 8 / 16, int8 27 / 28 / 28 / 39 ms (fp32 MatMul 103 / 116 / 145 / 164 ms).
 
-    .venv/bin/python scripts/matmulnbits_rows.py                  # K=1536, N=8960: the 1.5B's MLP
-    .venv/bin/python scripts/matmulnbits_rows.py --k 8960 --n 1536 --threads 2
-    .venv/bin/python scripts/matmulnbits_rows.py --layers 24
+    .venv/bin/python bench/scripts/matmulnbits_rows.py                  # K=1536, N=8960: the 1.5B's MLP
+    .venv/bin/python bench/scripts/matmulnbits_rows.py --k 8960 --n 1536 --threads 2
+    .venv/bin/python bench/scripts/matmulnbits_rows.py --layers 24
 
 A diagnostic (run it on an otherwise idle machine), not a test.
 """

@@ -1,11 +1,11 @@
 """Measure the stdio transport (issue 13): framing work and time, a large didOpen's delay on the next
 answer, and the server's RSS around large messages. Prints one line per measurement.
 
-    .venv/bin/python scripts/measure_transport.py framer            # 2/4/8 MB bodies, 64 KB reads
-    .venv/bin/python scripts/measure_transport.py open --mb 20      # fake engine over stdio
-    .venv/bin/python scripts/measure_transport.py open --mb 20 --bundled   # `specls serve`, bundled model
-    .venv/bin/python scripts/measure_transport.py rss               # 200 MB (refused) and 50 MB messages
-    .venv/bin/python scripts/measure_transport.py rss --big-mb 20   # ... and 20 MB ones
+    .venv/bin/python bench/scripts/measure_transport.py framer            # 2/4/8 MB bodies, 64 KB reads
+    .venv/bin/python bench/scripts/measure_transport.py open --mb 20      # fake engine over stdio
+    .venv/bin/python bench/scripts/measure_transport.py open --mb 20 --bundled   # `specls serve`, bundled model
+    .venv/bin/python bench/scripts/measure_transport.py rss               # 200 MB (refused) and 50 MB messages
+    .venv/bin/python bench/scripts/measure_transport.py rss --big-mb 20   # ... and 20 MB ones
 
 ``--transport PATH`` loads another copy of lsp/transport.py for the framer measurement (e.g. the one
 before the fix: ``git show main:lsp/transport.py > /tmp/old_transport.py``)."""

@@ -3,12 +3,12 @@ passes cost? Feeds the same tokens after a prompt in several splits (one token p
 passes, a split prefill) with ``RuntimeSettings.even_passes`` off and on, and prints each split's max
 |logit difference| from the reference (the prompt, then pairs), then the time of a pass of M tokens.
 
-    .venv/bin/python scripts/pass_rows.py ~/.cache/specls-real/onnx/qwen-1.5b-int4-b64 [--threads 1]
+    .venv/bin/python bench/scripts/pass_rows.py ~/.cache/specls-real/onnx/qwen-1.5b-int4-b64 [--threads 1]
 
 ORT 1.32, this CPU, the int4 (block 64, accuracy_level 4) Qwen2.5-Coder graphs: off, every split with
 an odd pass differs by 0.3-0.5; on, all are bitwise equal (0.0), prefill splits included. The cause:
 MatMulNBits' int8 path computes rows in pairs and the last row of an odd pass alone (compare
-scripts/matmulnbits_rows.py), and GroupQueryAttention has its own one-token path (scripts/gqa_rows.py);
+bench/scripts/matmulnbits_rows.py), and GroupQueryAttention has its own one-token path (bench/scripts/gqa_rows.py);
 every pass of 2+ tokens computes each row the same way. A diagnostic (run it on an otherwise idle
 machine), not a test.
 """

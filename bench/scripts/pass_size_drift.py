@@ -3,8 +3,8 @@ enemy on int4 graphs at accuracy_level 4): feeds N new tokens after a prompt onc
 one token per pass, and prints, node by node in graph order, how far the last token's outputs of the
 two runs are apart (max |a - b| / max |b|), then the logits'.
 
-    .venv/bin/python scripts/pass_size_drift.py ~/.cache/specls-real/onnx/qwen-0.5b-int4-b64/model.onnx
-    .venv/bin/python scripts/pass_size_drift.py MODEL.onnx --accuracy-level 0   # the same graph at level 0
+    .venv/bin/python bench/scripts/pass_size_drift.py ~/.cache/specls-real/onnx/qwen-0.5b-int4-b64/model.onnx
+    .venv/bin/python bench/scripts/pass_size_drift.py MODEL.onnx --accuracy-level 0   # the same graph at level 0
 
 Reads a graph with specls' export inputs (input_ids, attention_mask, position_ids, logits_to_keep,
 past_key_values.*). A diagnostic, not a test: it loads the whole graph with every float node output

@@ -8,8 +8,8 @@ records the prompt, the target's greedy path and the draft model's argmax at eve
 ``replay`` runs the real engine (prompt building, lookup, policy, decode loop) on oracle models that
 answer from the trace, and prices each pass with the pair's calibrated costs (``PassCosts``).
 
-    .venv/bin/python scripts/policy_replay.py collect --model T --draft D --n 24 --out traces.json
-    .venv/bin/python scripts/policy_replay.py replay traces.json
+    .venv/bin/python bench/scripts/policy_replay.py collect --model T --draft D --n 24 --out traces.json
+    .venv/bin/python bench/scripts/policy_replay.py replay traces.json
 
 Cost model (units of one plain target pass): a verify pass over g+1 tokens ``verify_cost(g)``, a draft
 feed of n tokens interpolated between one step (n = 1) and ``16 * catchup`` (n = 16, how calibration

@@ -3,7 +3,7 @@ caps in docs/team.md): starts the server with the fake engine (no model: only th
 is measured), opens N connections that stay silent, then N that initialize with a token and stay
 idle, and prints the server's RSS growth per connection.
 
-Usage: .venv/bin/python scripts/team_connection_cost.py [N]
+Usage: .venv/bin/python bench/scripts/team_connection_cost.py [N]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ rounds of CLIENTS typists for DURATION seconds each -- the same files, cuts and 
 (``specls bench team --rounds`` changes the seed per round) -- and prints the server's RSS and engine
 document counts after each round, once every client has left.
 
-Usage: .venv/bin/python scripts/team_rss_rounds.py [--clients 8] [--duration 60] [--rounds 3]
+Usage: .venv/bin/python bench/scripts/team_rss_rounds.py [--clients 8] [--duration 60] [--rounds 3]
 """
 
 from __future__ import annotations
