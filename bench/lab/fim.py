@@ -151,8 +151,8 @@ def run_bench(opt: FimBenchOptions, out: Any = sys.stdout) -> int:
         layout_fim = None if layout.order is None else replace(fim, order=layout.order)
         builder = PromptBuilder(models.tokenizer, layout_fim, budget, models.start_ids)
         scores.append((builder, LayoutScore(layout)))
-    settings = DecodeSettings(max_new_tokens=LINE_TOKENS, gamma=0, gamma_max=0)
-    say(f"bench fim: {len(points)} points, {len(scores)} layouts, {opt.threads} threads\n")
+    settings = DecodeSettings(max_new_tokens=LINE_TOKENS, draft_length=0)  # plain greedy: layouts, not speed
+    say(f"bench.lab.fim: {len(points)} points, {len(scores)} layouts, {opt.threads} threads\n")
     for i, point in enumerate(points):
         prefix, suffix, expected = line_task(point)
         # one cache per point, cut to each prompt's common prefix with the last one: the PSM
