@@ -22,6 +22,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "GGUF file (dequantized; config and tokenizer from its metadata) to DIR/model.onnx + "
         "tokenizer.json + specls.json, then verify ONNX Runtime against torch.",
     )
+    _add_source_args(p)
+    _add_output_args(p)
+    p.set_defaults(func=_export_cmd)
+
+    try:
+        train = importlib.import_module("specls.models.train")
+    except ModuleNotFoundError as exc:
+        if exc.name != "specls.models.train":
+            raise
+        return
+    train.register(sub)
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    """What to export and how to trace and check it."""
     p.add_argument(
         "model", help="Hugging Face hub id, local checkpoint directory, FILE.gguf, or a directory holding one"
     )
@@ -44,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "for prefix-only prompts (default: detect from the vocab; a model without FIM tokens gets "
         "prefix-only prompts)",
     )
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    """What the model directory holds: shared weights, a batch graph, quantization, the draft head."""
     p.add_argument(
         "--share-weights",
         action="store_true",
@@ -69,8 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--draft-head",
         choices=("full", "ascii"),  # models.head.DRAFT_HEADS (not imported: this parser loads no numpy)
         default="full",
-        help="ascii: the LM head scores only ASCII and added tokens (a draft model's option: 8%% "
-        "cheaper steps for Qwen2.5-Coder 0.5B, and the target still checks every token); never for a target",
+        help="ascii: the LM head scores only ASCII and added tokens (a draft model's option: cheaper "
+        "steps, and the target still checks every token); never for a target",
     )
     p.add_argument(
         "--keep-embedding",
@@ -90,15 +109,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="where the export's warnings and details go (default: DIR.export.log beside DIR)",
     )
-    p.set_defaults(func=_export_cmd)
-
-    try:
-        train = importlib.import_module("specls.models.train")
-    except ModuleNotFoundError as exc:
-        if exc.name != "specls.models.train":
-            raise
-        return
-    train.register(sub)
 
 
 def _default_floor() -> float:

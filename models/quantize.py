@@ -44,41 +44,32 @@ class QuantizeOptions:
     # "nbits": MatMulNBits (weight blocks along K, activations rounded to int8 per block inside the
     # kernel). "integer" (8 bits only): per-channel int8 weights x per-row int8 activations through
     # MatMulInteger (MLAS' packed u8s8 GEMM), see ``_integer_matmul``. MatMulNBits at level 4 costs a
-    # row-sized slice of a pass per extra row (1.5B int4, 1 thread: 2 rows 141 ms, 16 rows 542 ms of
-    # MatMulNBits) where the GEMM reads the weights once for all rows (a chain of 24 1536x8960 layers:
-    # int4 MatMulNBits 32 / 46 / 70 / 116 ms at 2 / 4 / 8 / 16 rows, integer 27 / 28 / 28 / 39 ms).
+    # row-sized slice of a pass per extra row, where the GEMM reads the weights once for all rows: a
+    # many-token verify pass costs little more than a one-token one (docs/quantization.md).
     kernel: str = "nbits"
-    # Measured by `specls bench quant` on Qwen2.5-Coder-1.5B-Instruct, 2 cores (AVX-512 VNNI), 2 threads,
-    # accuracy_level 4 (bench/README.md "int4 settings sweep"). Block 64 vs 32: decode 13.5 vs 10.2-11.0
-    # tok/s (+22-33%), prefill of 256 tokens 80-82 vs 68-76 tok/s, 1.13 vs 1.24 GB, top-1 agreement
-    # with fp32 89.4% vs 89.7% over 2,048 positions (within noise), mean KL 0.069 vs 0.054 nats.
-    # Block 128 decodes faster still (15.1 tok/s) but drops to 87.5% / KL 0.095. 64 is the default.
-    # On the 0.5B (the recommended draft: its agreement moves acceptance, never the output) block 64
-    # costs more: 86.2% vs 88.1% over 1,024 positions (KL 0.092 vs 0.077).
+    # Weights per int4 block (one scale each). 64 over 32: faster and smaller for the same agreement
+    # with fp32 (within noise); 128 is faster still but loses agreement. A small draft loses a little
+    # more at 64 (its agreement moves acceptance, never the output). The sweep: docs/quantization.md.
     block_size: int = 64
-    # 4 = int8 activations x int4 weights in the MLAS kernels (VNNI dot products). 0 (fp32 compute on
-    # dequantized blocks) decoded 8-12x slower in the same sweep (b32: 0.48 vs 5.67 tok/s under the
-    # same load) for the same top-1 agreement (89.7% both; KL 0.051 vs 0.054).
+    # 4 = int8 activations x int4 weights in the MLAS kernels (integer dot products). 0 (fp32 compute
+    # on dequantized blocks) decodes many times slower for the same top-1 agreement.
     accuracy_level: int = 4
     # symmetric blocks (no zero points): smaller and what MLAS' fastest int4 kernels take
     symmetric: bool = True
     # the embedding table as GatherBlockQuantized (4 bits only); False keeps it in the graph's dtype.
-    # Measured (1.5B, block 32, level 4): kept fp32 it is 2.03 vs 1.24 GB on disk for the same agreement
-    # (89.8% vs 89.7%, KL 0.054 both) and no measurable speed difference, so it is quantized.
+    # Quantized by default: a much smaller file for the same agreement and no measurable speed
+    # difference.
     embedding: bool = True
     # bits of the LM head (the MatMul behind the logits): None = ``bits``; 0 = keep it unquantized.
     # int4 uses 8: Qwen2.5-Coder-1.5B-Instruct sits near a <|fim_pad|> attractor at some FIM points
-    # (its fp32 graph emits <|fim_pad|> at some of them too); at one where fp32 completed
-    # "from heapq import _heapq", a 4-bit head tipped it into <|fim_pad|> and the 8-bit head kept
-    # fp32's text. Held-out agreement barely differs (90.0% vs 90.2%); the 8-bit head costs +0.12 GB.
+    # (its fp32 graph emits <|fim_pad|> at some of them too); a 4-bit head tipped one completion fp32
+    # got right into <|fim_pad|>, the 8-bit head kept fp32's text. Held-out agreement barely differs,
+    # and the 8-bit head costs a little size.
     head_bits: int | None = None
     # kernel of an 8-bit LM head: None = ``kernel``; "integer" puts the head of an int4 (nbits) graph
     # through MatMulInteger (``_integer_matmul``; fp32 graphs only), what ``--quantize int4`` does for
-    # fp32. Measured on an AVX2 CPU (no VNNI), 1 thread, passes after 300 tokens, interleaved medians:
-    # 1.5B 120 / 177 / 347 / 615 ms at 1 / 4 / 8 / 16 tokens against 125 / 204 / 372 / 675 with the
-    # 8-bit MatMulNBits head (whose cost grows per row like the body's), the 0.5B with the ASCII head
-    # 34 vs 37 ms a draft step; top-1 agreement with fp32 over 2,048 held-out positions: 1.5B 89.3%
-    # both, 0.5B 84.4% vs 84.9% (within noise). Not measured on a VNNI CPU.
+    # fp32: a bit faster, most of all on many-token passes (an 8-bit MatMulNBits head's cost grows
+    # per row like the body's), for the same agreement within noise.
     head_kernel: str | None = None
 
 
@@ -173,13 +164,12 @@ def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any
 
     Each output row depends on its own input row only, in exact integer arithmetic, so a row's
     result is bitwise the same whatever else is in the pass. The activations are unsigned with a
-    zero point of 128 because MLAS has VNNI kernels for u8 x s8 (s8 x s8 ran 14x slower here).
+    zero point of 128 because MLAS has fast integer dot-product kernels for u8 x s8, not s8 x s8.
     |x / s_x| <= 127 (up to a rounding of the division), so no clip is needed before the cast.
-    The weights use 7 bits (``WEIGHT_MAX``, ORT's "reduce_range"): on an x86 CPU without VNNI, MLAS
-    multiplies u8 x s8 with ``vpmaddubsw``, which adds each pair of products into a saturating int16;
-    255 * 127 * 2 overflows it, 255 * 63 * 2 = 32,130 does not. With 8-bit weights an AVX2 CPU gave
-    13.9% of a random [9, 96] x [96, 40] product's outputs off the integer formula (up to 1.1 in
-    magnitude) and a tiny model's top-1 agreement with fp32 fell from > 90% to 70.1%.
+    The weights use 7 bits (``WEIGHT_MAX``, ORT's "reduce_range"): on an x86 CPU without dot-product
+    instructions, MLAS multiplies u8 x s8 with ``vpmaddubsw``, which adds each pair of products into a
+    saturating int16; 255 * 127 * 2 overflows it, 255 * 63 * 2 = 32,130 does not. With 8-bit weights such a CPU puts
+    many outputs off the integer formula, and a model's agreement with fp32 falls with them.
     """
     from onnx import TensorProto, helper, numpy_helper
 
@@ -272,142 +262,37 @@ def quantize_graph(
 
     Streams: the graph is read without its weights, and each weight is read, quantized by ORT's
     ``DefaultWeightOnlyQuantizer`` (what ``MatMulNBitsQuantizer`` runs per node) and dropped in
-    turn, so memory holds the quantized weights plus one fp32 tensor (the 1.5B: 1.2 GB + 0.9 GB,
-    where ``MatMulNBitsQuantizer`` on the whole model held all 7.1 GB of fp32 weights too).
+    turn, so memory holds the quantized weights plus one fp32 tensor, not every fp32 weight at once
+    as ``MatMulNBitsQuantizer`` on the whole model would (docs/quantization.md).
 
     Raises QuantizeError when the graph cannot be read or written, or when no MatMul was quantized.
     """
     import onnx
-    from onnx import helper
-
-    _import_quantizer()
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        DefaultWeightOnlyQuantizer,
-    )
 
     src, dst = Path(src), Path(dst)
-    if options.bits not in (4, 8):
-        raise QuantizeError(f"bits must be 4 or 8, not {options.bits}")
-    if options.kernel not in ("nbits", "integer"):
-        raise QuantizeError(f"kernel must be 'nbits' or 'integer', not {options.kernel!r}")
-    if options.kernel == "integer" and options.bits != 8:
-        raise QuantizeError("the integer kernel (MatMulInteger) takes 8-bit weights only")
-    if options.embedding and options.bits != 4 and options.kernel == "nbits":
-        raise QuantizeError("the embedding table can only be quantized to 4 bits (GatherBlockQuantized)")
-    head_bits = options.bits if options.head_bits is None else options.head_bits
-    if head_bits not in (0, 4, 8):
-        raise QuantizeError(f"head_bits must be 0, 4 or 8, not {head_bits}")
-    head_kernel = options.kernel if options.head_kernel is None else options.head_kernel
-    if head_kernel not in ("nbits", "integer"):
-        raise QuantizeError(f"head_kernel must be 'nbits' or 'integer', not {head_kernel!r}")
-    if head_kernel == "integer" and head_bits not in (0, 8):
-        raise QuantizeError("the integer kernel (MatMulInteger) takes an 8-bit head only")
+    head_bits, head_kernel = _check_options(options)
     try:
         model = onnx.load(str(src), load_external_data=False)
     except Exception as exc:
         raise QuantizeError(f"{src}: cannot load the ONNX graph ({type(exc).__name__}: {exc})") from None
     g = model.graph
     before = sum(int(np.prod(t.dims)) * _ITEMSIZE.get(t.data_type, 4) for t in g.initializer)
-    producer = {out: node for node in g.node for out in node.output}
-    for node in g.node:  # a tied head traced as MatMul(x, Transpose(embed)): fold needs the data
-        t = producer.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
-        if t is not None and t.op_type == "Transpose":
-            for init in g.initializer:
-                if init.name == t.input[0]:
-                    _load_tensor(init, src.parent)
-    folded = _fold_weight_transposes(model)
-    if folded:
-        log.info("%s: folded %d weight transposes into initializers", src, folded)
+    _fold_tied_head(model, src)
     head = _head_matmul(model, logits_name)
-
-    def quantizer(bits: int) -> Any:
-        return DefaultWeightOnlyQuantizer(
-            DefaultWeightOnlyQuantConfig(
-                block_size=options.block_size,
-                is_symmetric=options.symmetric,
-                accuracy_level=options.accuracy_level or None,
-                # axis of the blocks: MatMul weights [K, N] along K; the embedding [vocab, hidden] along hidden
-                quant_axes=(("MatMul", 0), ("Gather", 1)),
-                bits=bits,
-            )
-        )
-
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    body: Any = _IntegerQuantizer(opset) if options.kernel == "integer" else quantizer(options.bits)
-    head_q: Any = None
-    if head_bits and head_kernel == options.kernel and head_bits == options.bits:
-        head_q = body
-    elif head_bits:
-        head_q = _IntegerQuantizer(opset) if head_kernel == "integer" else quantizer(head_bits)
-    # the embedding goes through GatherBlockQuantized at 4 bits whatever the kernel (ORT has no 8-bit
-    # kernel for it; an 8-bit MatMulNBits export keeps it, checked above)
-    gather_q = quantizer(4)
-    inits = {t.name: t for t in g.initializer}
-    uses = Counter(i for n in g.node for i in n.input)
-    new_nodes: list[Any] = []
-    gather_quantized = False
+    quantizers = _Quantizers(model, options, head_bits, head_kernel)
     try:
-        for node in list(g.node):
-            q, weight = None, None
-            if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
-                q, weight = (head_q if node.name == head else body), node.input[1]
-            elif node.op_type == "Gather" and options.embedding and node.input[0] in inits:
-                if len(inits[node.input[0]].dims) == 2:
-                    q, weight = gather_q, node.input[0]
-            if q is None or weight is None:
-                new_nodes.append(node)
-                continue
-            tensor = inits[weight]
-            # the fp32 data goes into a scratch graph freed after this node: protobuf keeps a
-            # message's memory until its root is freed, so loading into ``g`` would hold every weight
-            scratch = onnx.GraphProto()
-            scratch.initializer.add().CopyFrom(tensor)
-            _load_tensor(scratch.initializer[0], src.parent)
-            out_nodes = q.quantize(node, [scratch])
-            g.initializer.extend(t for t in scratch.initializer if t.name != weight)
-            del scratch
-            new_nodes.extend(out_nodes)
-            if out_nodes != [node]:
-                gather_quantized |= node.op_type == "Gather"
-                uses[weight] -= 1
-                if uses[weight] == 0:  # the fp32 weight is gone from the graph: free it now
-                    g.initializer.remove(tensor)
-                    del inits[weight]
-        for t in g.initializer:  # what stays unquantized (norms, biases, a kept embedding) goes inline
-            _load_tensor(t, src.parent)
+        gather_quantized = _quantize_nodes(g, src.parent, options, head, quantizers)
     except Exception as exc:
         raise QuantizeError(f"{src}: quantization failed ({type(exc).__name__}: {exc})") from None
-    g.ClearField("node")
-    g.node.extend(new_nodes)
-    domains = {o.domain: o for o in model.opset_import}
-    if "com.microsoft" not in domains:
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    if gather_quantized:  # int4 tensors (GatherBlockQuantized's data) need opset 21 and IR 10
-        for o in model.opset_import:
-            if o.domain in ("", "ai.onnx") and o.version < 21:
-                o.version = 21
-        model.ir_version = max(model.ir_version, 10)
-    out = model
-    counts = Counter(n.op_type for n in out.graph.node)
+    _set_opsets(model, gather_quantized)
+    counts = Counter(n.op_type for n in model.graph.node)
     quantized = {
         op: counts[op] for op in ("MatMulNBits", "MatMulInteger", "GatherBlockQuantized") if counts[op]
     }
     if not (quantized.get("MatMulNBits") or quantized.get("MatMulInteger")):
         raise QuantizeError(f"{src}: no MatMul with a constant weight was found to quantize")
-    after = sum(len(t.raw_data) for t in out.graph.initializer)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    data = dst.with_name(f"{dst.name}.data")
-    data.unlink(missing_ok=True)  # onnx appends to an existing data file
-    external = after > _PROTOBUF_LIMIT
-    try:
-        onnx.save_model(
-            out, str(dst), save_as_external_data=external, location=data.name, size_threshold=1_000_000
-        )
-    except Exception as exc:
-        dst.unlink(missing_ok=True)
-        data.unlink(missing_ok=True)
-        raise QuantizeError(f"{dst}: cannot write the quantized graph ({exc})") from None
+    after = sum(len(t.raw_data) for t in model.graph.initializer)
+    _save(model, dst, external=after > _PROTOBUF_LIMIT)
     report = QuantizeReport(
         graph=dst.name,
         bits=options.bits,
@@ -429,6 +314,156 @@ def quantize_graph(
         after,
     )
     return report
+
+
+def _check_options(options: QuantizeOptions) -> tuple[int, str]:
+    """The LM head's bits and kernel; raises QuantizeError on options no kernel takes."""
+    if options.bits not in (4, 8):
+        raise QuantizeError(f"bits must be 4 or 8, not {options.bits}")
+    if options.kernel not in ("nbits", "integer"):
+        raise QuantizeError(f"kernel must be 'nbits' or 'integer', not {options.kernel!r}")
+    if options.kernel == "integer" and options.bits != 8:
+        raise QuantizeError("the integer kernel (MatMulInteger) takes 8-bit weights only")
+    if options.embedding and options.bits != 4 and options.kernel == "nbits":
+        raise QuantizeError("the embedding table can only be quantized to 4 bits (GatherBlockQuantized)")
+    head_bits = options.bits if options.head_bits is None else options.head_bits
+    if head_bits not in (0, 4, 8):
+        raise QuantizeError(f"head_bits must be 0, 4 or 8, not {head_bits}")
+    head_kernel = options.kernel if options.head_kernel is None else options.head_kernel
+    if head_kernel not in ("nbits", "integer"):
+        raise QuantizeError(f"head_kernel must be 'nbits' or 'integer', not {head_kernel!r}")
+    if head_kernel == "integer" and head_bits not in (0, 8):
+        raise QuantizeError("the integer kernel (MatMulInteger) takes an 8-bit head only")
+    return head_bits, head_kernel
+
+
+def _fold_tied_head(model: Any, src: Path) -> None:
+    """A tied head traced as ``MatMul(x, Transpose(embed))``: load the embedding's data (the fold
+    needs it) and fold the transposes into initializers."""
+    g = model.graph
+    producer = {out: node for node in g.node for out in node.output}
+    for node in g.node:
+        t = producer.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        if t is not None and t.op_type == "Transpose":
+            for init in g.initializer:
+                if init.name == t.input[0]:
+                    _load_tensor(init, src.parent)
+    folded = _fold_weight_transposes(model)
+    if folded:
+        log.info("%s: folded %d weight transposes into initializers", src, folded)
+
+
+class _Quantizers:
+    """The quantizer of each weight: the body's MatMuls, the LM head's (None: kept), the embedding's."""
+
+    def __init__(self, model: Any, options: QuantizeOptions, head_bits: int, head_kernel: str) -> None:
+        _import_quantizer()
+        self.options = options
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.body: Any = (
+            _IntegerQuantizer(opset) if options.kernel == "integer" else self._nbits(options.bits)
+        )
+        self.head: Any = None
+        if head_bits and head_kernel == options.kernel and head_bits == options.bits:
+            self.head = self.body
+        elif head_bits:
+            self.head = _IntegerQuantizer(opset) if head_kernel == "integer" else self._nbits(head_bits)
+        # the embedding goes through GatherBlockQuantized at 4 bits whatever the kernel (ORT has no 8-bit
+        # kernel for it; an 8-bit MatMulNBits export keeps it, checked above)
+        self.gather: Any = self._nbits(4)
+
+    def _nbits(self, bits: int) -> Any:
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            DefaultWeightOnlyQuantizer,
+        )
+
+        return DefaultWeightOnlyQuantizer(
+            DefaultWeightOnlyQuantConfig(
+                block_size=self.options.block_size,
+                is_symmetric=self.options.symmetric,
+                accuracy_level=self.options.accuracy_level or None,
+                # axis of the blocks: MatMul weights [K, N] along K; the embedding [vocab, hidden] along hidden
+                quant_axes=(("MatMul", 0), ("Gather", 1)),
+                bits=bits,
+            )
+        )
+
+
+def _quantize_nodes(
+    g: Any, base_dir: Path, options: QuantizeOptions, head: str | None, quantizers: _Quantizers
+) -> bool:
+    """Replace each constant-weight MatMul (and the embedding Gather) of ``g`` by its quantized nodes,
+    one weight in memory at a time; the rest goes inline. True when the embedding was quantized."""
+    import onnx
+
+    inits = {t.name: t for t in g.initializer}
+    uses = Counter(i for n in g.node for i in n.input)
+    new_nodes: list[Any] = []
+    gather_quantized = False
+    for node in list(g.node):
+        q, weight = None, None
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+            q, weight = (quantizers.head if node.name == head else quantizers.body), node.input[1]
+        elif node.op_type == "Gather" and options.embedding and node.input[0] in inits:
+            if len(inits[node.input[0]].dims) == 2:
+                q, weight = quantizers.gather, node.input[0]
+        if q is None or weight is None:
+            new_nodes.append(node)
+            continue
+        tensor = inits[weight]
+        # the fp32 data goes into a scratch graph freed after this node: protobuf keeps a
+        # message's memory until its root is freed, so loading into ``g`` would hold every weight
+        scratch = onnx.GraphProto()
+        scratch.initializer.add().CopyFrom(tensor)
+        _load_tensor(scratch.initializer[0], base_dir)
+        out_nodes = q.quantize(node, [scratch])
+        g.initializer.extend(t for t in scratch.initializer if t.name != weight)
+        del scratch
+        new_nodes.extend(out_nodes)
+        if out_nodes != [node]:
+            gather_quantized |= node.op_type == "Gather"
+            uses[weight] -= 1
+            if uses[weight] == 0:  # the fp32 weight is gone from the graph: free it now
+                g.initializer.remove(tensor)
+                del inits[weight]
+    for t in g.initializer:  # what stays unquantized (norms, biases, a kept embedding) goes inline
+        _load_tensor(t, base_dir)
+    g.ClearField("node")
+    g.node.extend(new_nodes)
+    return gather_quantized
+
+
+def _set_opsets(model: Any, gather_quantized: bool) -> None:
+    """The opsets the quantized nodes need: com.microsoft, and for int4 tensors (GatherBlockQuantized's
+    data) opset 21 and IR 10."""
+    from onnx import helper
+
+    domains = {o.domain: o for o in model.opset_import}
+    if "com.microsoft" not in domains:
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if gather_quantized:
+        for o in model.opset_import:
+            if o.domain in ("", "ai.onnx") and o.version < 21:
+                o.version = 21
+        model.ir_version = max(model.ir_version, 10)
+
+
+def _save(model: Any, dst: Path, external: bool) -> None:
+    """Write the quantized graph to ``dst`` (weights in ``dst.name + '.data'`` when ``external``)."""
+    import onnx
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    data = dst.with_name(f"{dst.name}.data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    try:
+        onnx.save_model(
+            model, str(dst), save_as_external_data=external, location=data.name, size_threshold=1_000_000
+        )
+    except Exception as exc:
+        dst.unlink(missing_ok=True)
+        data.unlink(missing_ok=True)
+        raise QuantizeError(f"{dst}: cannot write the quantized graph ({exc})") from None
 
 
 __all__ = [
