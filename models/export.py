@@ -88,8 +88,8 @@ class ExportOptions:
     quantize_embedding: bool = QuantizeOptions.embedding  # GatherBlockQuantized at 4 bits (int4, int8)
     # how a quantized graph is checked against the unquantized one (held-out code, top-1 floor)
     agreement: AgreementOptions = AgreementOptions()
-    # "ascii": the LM head scores only ASCII and added tokens, for a draft model (models.head:
-    # 8% cheaper steps for Qwen2.5-Coder 0.5B); "full": the whole vocabulary (what a target needs)
+    # "ascii": the LM head scores only ASCII and added tokens, for a draft model (models.head: a
+    # cheaper draft step); "full": the whole vocabulary (what a target needs)
     draft_head: str = "full"
 
 
@@ -423,11 +423,10 @@ AUTO_MIN_PARAMS = 50_000_000
 
 def resolve_quantize(mode: str, dtype: str) -> str:
     """The ``--quantize`` mode an export uses (before the size rule, AUTO_MIN_PARAMS): "auto" is int8
-    for fp32 and none for fp16 (the CUDA graph: not measured here, no GPU; ``--dtype fp16 --quantize
-    int4`` builds it). int8 over int4 on the CPU, Qwen2.5-Coder-1.5B, 1 thread (README "A real
-    model"): prefill 4.2x faster (512 tokens: 2.9 vs 12.1 s), a one-token pass as fast or faster, a
-    16-token verify pass 1.25x a one-token one (int4: 3.1x), top-1 agreement with fp32 93.9% vs
-    89.4%; 1.68 vs 1.13 GB."""
+    for fp32 and none for fp16 (the CUDA graph: never measured on a GPU; ``--dtype fp16 --quantize
+    int4`` builds it). int8 over int4 on the CPU: a much faster prefill, a one-token pass as fast or
+    faster, a verify pass that costs little more than a one-token one, and closer agreement with
+    fp32, for a somewhat larger file (docs/quantization.md)."""
     if mode == "auto":
         return "int8" if dtype == "fp32" else "none"
     if mode not in QUANTIZE_MODES:
@@ -786,15 +785,15 @@ def _drop_ir_weights(graph: Any) -> None:
     """Drop the tensors of a saved ONNX IR graph. onnxscript's rewrite rules are module-level pattern
     matchers that keep a reference to the last graph they matched, so an exported graph outlives the
     export, and through its initializers (TorchTensors wrapping the parameters) so does every torch
-    weight: the 1.5B export held 6.6 GiB of freed-model parameters through verification,
-    quantization and the agreement check (peak RSS 19.3 GiB, 2.9x the fp32 weights).
+    weight: a freed model's parameters stayed in memory through verification, quantization and the
+    agreement check, and set the export's peak.
 
     The initializers are not all: the exporter first makes each parameter a graph input, then an
     initializer, and onnx_ir's input list counts its members in a ``collections.Counter`` that keeps
-    a removed value under a count of 0 (onnx-ir 1.1). Those stale inputs still hold their
-    parameters (23 of the 27 of a tiny Qwen2, ~6.5 GiB on the 1.5B after the initializers were
-    dropped), so their tensors are dropped too and the stale keys removed. ``_ref_counter`` is
-    private to onnx_ir: where a version lacks it there is nothing stale to drop there."""
+    a removed value under a count of 0 (onnx-ir 1.1). Those stale inputs still hold most of the
+    parameters once the initializers are dropped, so their tensors are dropped too and the stale
+    keys removed. ``_ref_counter`` is private to onnx_ir: where a version lacks it there is nothing
+    stale to drop there."""
     for value in list(graph.initializers.values()):
         value.const_value = None
     graph.initializers.clear()
@@ -872,8 +871,8 @@ def _name_dims(model: Any, spec: ModelSpec) -> None:
 def add_logits_to_keep(onnx_path: Path, logits_name: str, check_only: bool = False) -> bool:
     """Give the graph a ``logits_to_keep`` input ([1] int64): the vocabulary projection (the MatMul
     behind ``logits_name``, through any Cast) then runs on the last ``logits_to_keep`` positions only,
-    so a prefill computes one row of logits instead of n (~15% of a CPU prefill on the bundled target,
-    and [n, vocab] of memory at a large vocabulary). Results for the kept rows are unchanged (the
+    so a prefill computes one row of logits instead of n (a noticeable share of a CPU prefill, and
+    [n, vocab] of memory at a large vocabulary). Results for the kept rows are unchanged (the
     rows of a MatMul are independent). Weights stored as external data stay where they are. False
     (and the graph untouched) when the projection is not found; ``check_only``: only say whether it
     would be added."""

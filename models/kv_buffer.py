@@ -3,8 +3,8 @@
 transformers' fused export (``GroupQueryAttention``, ORT's CPU attention) computes every layer's
 ``seqlens_k`` / ``total_sequence_length`` (and its mask) from ``Shape(past_key_values.i.value)[2]``,
 the past tensor's length. Then the past must be exactly as long as the cached positions, and ORT's
-attention concatenates past and new KV into a freshly allocated ``present`` on every pass: 43 MB
-copied per pass at 750 positions of Qwen2.5-Coder 1.5B, plus our own copy for each rollback.
+attention concatenates past and new KV into a freshly allocated ``present`` on every pass: the
+whole cache copied per pass, plus our own copy for each rollback.
 
 ``share_kv_buffer`` replaces that Shape by ``Shape(attention_mask)[1] - Shape(input_ids)[1]``: the
 same number under the graph contract (the mask spans past + new), but no longer tied to the past
@@ -14,7 +14,7 @@ pointers: ``past_present_share_buffer``). A rollback is a length, no copy. Feedi
 cached length still works, so a rewritten graph loads and runs everywhere the old one did.
 
 Applied by ``specls export`` to its fused batch-1 graph and recorded as ``shared_kv_buffer`` in
-``specls.json``; ``scripts/share_kv_buffer.py`` upgrades an existing model directory in place.
+``specls.json``; an older model directory is upgraded by exporting its model again.
 """
 
 from __future__ import annotations

@@ -60,20 +60,18 @@ class RuntimeSettings:
     provider: str = "auto"  # "auto" (CUDA when usable) | "cpu" | "cuda"
     # Intra-op worker threads spin between the ops of a pass instead of sleeping, and stop at the end
     # of each run (session.force_spinning_stop), so an idle server, or a draft model's session while
-    # the target's runs, has no thread spinning. At 2 threads on the 2-core AVX2 CPU, interleaved
-    # medians in four reads: the int8 1.5B's one-token pass 91-98 ms spinning vs 104-128 ms sleeping,
-    # the 0.5B's 34-43 vs 44-67 ms; at 1 thread (no worker threads) the same. bench/README.md
-    # "Spinning threads".
+    # the target's runs, has no thread spinning. A bit faster: a pass no longer waits for sleeping
+    # threads to wake between its ops (at 1 thread there are no worker threads: no difference).
     spinning: bool = True
     # Pad every odd pass with one row whose logits and KV are dropped. ORT's CPU kernels compute a
     # lone row differently from rows that come in pairs: MatMulNBits at accuracy_level 4 runs the last
     # row of an odd pass through its one-row kernel, and GroupQueryAttention has a one-token path
-    # (int8's MatMulInteger rows are independent, but that path alone moved the int8 1.5B's logits by
-    # 2.2 through the next layers' int8 rounding).
+    # (int8's MatMulInteger rows are independent, but that path alone moves an int8 graph's logits
+    # through the next layers' int8 rounding).
     # With even passes each position's logits are bitwise the same however its tokens were split
-    # into passes (scripts/pass_rows.py; up to 0.5 apart on the int4 Qwen graphs without), so a verify
-    # pass computes what plain greedy computes. Costs ~13% on a one-token pass of the 0.5B int4; a
-    # draft model turns it off (its numbers only move acceptance, never the output).
+    # into passes, so a verify pass computes what plain greedy computes (docs/quantization.md). It
+    # makes a one-token pass dearer; a draft model turns it off (its numbers only move acceptance,
+    # never the output).
     even_passes: bool = True
 
 
@@ -83,11 +81,10 @@ def auto_threads(cpus: int | None = None) -> int:
     affinity mask, which a container or ``taskset`` narrows; ``os.cpu_count()`` where there is none).
 
     One CPU is left to the editor and its other language servers, which work on every keystroke too.
-    A pass waits for its slowest thread: on the 2-core Zen 4 host, with one core kept busy by another
-    process, the int8 Qwen 1.5B's one-token pass took 189-209 ms at 2 threads against 131-145 ms at 1
-    (idle: 93-95 vs 144-156; bench/README.md "Threads beside a busy process"). Where nothing else runs
-    ``threads`` 2 on 2 cores is the faster choice (decode 1.69x, runs 27 and 29). The cap: a decoding
-    pass is bound by memory bandwidth, which a few cores already use up.
+    A pass waits for its slowest thread: a thread sharing its core with a busy process makes every
+    pass slower than one thread fewer would (docs/performance.md). Where nothing else runs, one
+    thread per core is the faster choice. The cap: a decoding pass is bound by memory bandwidth,
+    which a few cores already use up.
 
     >>> [auto_threads(n) for n in (1, 2, 3, 4, 8, 64)]   # Not 2 at 2: one CPU stays free
     [1, 1, 2, 3, 4, 4]
