@@ -1,8 +1,8 @@
 """From a rewritten region to the edits a client applies, and the region around the cursor.
 
 - ``select_region``: whole lines around the cursor, clipped to the document.
-- ``minimal_edits``: a line diff (difflib) of the region against its rewrite, each changed block
-  trimmed to the characters that differ, as LSP ranges (line, UTF-16 character) in the document.
+- ``minimal_edits``: a line diff (difflib) of the region against its rewrite, each changed line (or
+  block of lines) trimmed to the characters that differ, as LSP ranges (line, UTF-16 character) in the document.
   Nothing when the rewrite equals the region.
 - ``drop_undo``: leaves out edits that would put back what the user just changed (the last hunk).
 """
@@ -159,7 +159,8 @@ def _positions(text: str) -> Callable[[int], Position]:
 
 def minimal_edits(region: str, rewritten: str, start_line: int) -> list[TextEdit]:
     """The edits that turn ``region`` (whole lines from document line ``start_line``) into
-    ``rewritten``: one per changed block of lines, trimmed to the characters that differ; positions
+    ``rewritten``: one per changed line where lines were replaced one for one, else one per changed
+    block of lines, each trimmed to the characters that differ; positions
     in the document (line, UTF-16 character). [] when they are equal after ``normalize_rewrite``.
 
     >>> [e.to_json() for e in minimal_edits("def f(a, b):\\n    return a\\n", "def f(a, c):\\n    return a\\n", 4)]
@@ -173,11 +174,18 @@ def minimal_edits(region: str, rewritten: str, start_line: int) -> list[TextEdit
     position = _positions(region)
     edits = []
     matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    blocks: list[tuple[int, int, int, int]] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
+        if tag == "replace" and i2 - i1 == j2 - j1:  # line for line: one edit per changed line
+            blocks += [(i, i + 1, j, j + 1) for i, j in zip(range(i1, i2), range(j1, j2), strict=True)]
+        elif tag != "equal":
+            blocks.append((i1, i2, j1, j2))
+    for i1, i2, j1, j2 in blocks:
+        old_block, new_block = "".join(old_lines[i1:i2]), "".join(new_lines[j1:j2])
+        if old_block == new_block:
             continue
         at = sum(len(line) for line in old_lines[:i1])
-        a, b, text = _trimmed("".join(old_lines[i1:i2]), "".join(new_lines[j1:j2]))
+        a, b, text = _trimmed(old_block, new_block)
         start, end = position(at + a), position(at + b)
         edits.append(
             TextEdit(

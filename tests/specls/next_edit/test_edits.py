@@ -62,6 +62,8 @@ EDIT_CASES = [
     (("a\nb\nc\n", "a\nc\n", 5), [_e(6, 0, 7, 0, "")]),
     # two separate blocks: two edits, in order
     (("a1\nx\nx\nx\na2\n", "b1\nx\nx\nx\nb2\n", 0), [_e(0, 0, 0, 1, "b"), _e(4, 0, 4, 1, "b")]),
+    # Not one edit from line 0 to line 1: lines replaced one for one give one edit per line
+    (("a1\nb1\n", "a2\nb2\n", 0), [_e(0, 1, 0, 2, "2"), _e(1, 1, 1, 2, "2")]),
     # UTF-16: the emoji counts two units (Not character 3)
     (("s = '😀x'\n", "s = '😀y'\n", 0), [_e(0, 7, 0, 8, "y")]),
     # CRLF region, LF rewrite: the rewrite takes the region's endings (Not every line changed)
