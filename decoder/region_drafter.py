@@ -46,8 +46,8 @@ def _realign(region: Sequence[int], generated: Sequence[int], anchor: int, min_m
     tail = list(generated[-min_match:])
     ids = np.asarray(region, dtype=np.int64)
     # starts where the first tail token occurs, then the rest of the tail checked there
-    starts = np.flatnonzero(ids[: len(ids) - min_match + 1] == tail[0])
-    hits = [int(s) for s in starts if list(region[s : s + min_match]) == tail]
+    starts = np.flatnonzero(ids[: len(ids) - min_match + 1] == tail[0]).tolist()
+    hits = [s for s in starts if list(region[s : s + min_match]) == tail]
     if not hits:
         return None
     after = [s for s in hits if s >= anchor]

@@ -30,8 +30,8 @@ def rng(l1: int, c1: int, l2: int | None = None, c2: int | None = None) -> Rng:
     return Rng(Pos(l1, c1), Pos(l1 if l2 is None else l2, c1 if c2 is None else c2))
 
 
-def history(**kw: int) -> EditHistory:
-    h = EditHistory(**kw)
+def history(max_hunks: int = 16, max_chars: int = 4000) -> EditHistory:
+    h = EditHistory(max_hunks, max_chars)
     h.open(URI, TEXT)
     h.open(OTHER, "x = 1\n")
     return h
