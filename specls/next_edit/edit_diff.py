@@ -60,3 +60,19 @@ class EditDiff:
         # shifting both sides by start_line gives the file's numbers
         out = [_shift_header(line, self.start_line, self.start_line) for line in diff]
         return "".join(out)
+
+
+def diffs_between(path: str, before: str, after: str) -> list[EditDiff]:
+    """The edits that turned ``before`` into ``after``, one per changed block of lines (difflib), each
+    at its line in ``after`` (what ``specls next-edit --before`` shows as the history).
+
+    >>> [(d.start_line, d.old, d.new) for d in diffs_between("a.py", "a\\nb\\nc\\nd\\n", "a\\nB\\nc\\nd\\ne\\n")]
+    [(1, 'b\\n', 'B\\n'), (4, '', 'e\\n')]
+    """
+    old, new = lines_of(before), lines_of(after)
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    return [
+        EditDiff(path, "".join(old[i1:i2]), "".join(new[j1:j2]), j1)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes()
+        if tag != "equal"
+    ]
