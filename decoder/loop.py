@@ -188,6 +188,13 @@ def _verify(
     return n_acc, nxt
 
 
+def _observe(drafter: Drafter | None, draft: list[int], n_acc: int, result: DecodeResult) -> None:
+    """The drafter learns how its proposal fared; the result counts it by sub-drafter."""
+    if draft and drafter is not None:
+        drafter.observe(n_acc, len(draft))
+        _record(result, _sources(drafter, len(draft)), n_acc)
+
+
 def _commit(
     tokens: list[int], seq: list[int], out: list[int], eos_ids: frozenset[int], stop: Stop | None, limit: int
 ) -> str:
@@ -254,9 +261,7 @@ def generate(
         drafter, draft, q = _draft(drafter, seq, out, k, sampling, eos_ids, stop)
         base = len(seq) - 1  # the last committed token's position (== target.length but for a tail)
         n_acc, nxt = _verify(target, seq, draft, q, settings, rng, clock, result)
-        if draft and drafter is not None:
-            drafter.observe(n_acc, len(draft))
-            _record(result, _sources(drafter, len(draft)), n_acc)
+        _observe(drafter, draft, n_acc, result)
         reason = _commit([*draft[:n_acc], nxt], seq, out, eos_ids, stop, settings.max_new_tokens)
         if result.target_passes == 1:
             result.first_pass_ms, result.first_pass_tokens = (clock() - t_decode) * 1e3, len(out)

@@ -1,18 +1,19 @@
 """The in-process completion engine: ONNX target (+ draft) model, speculative decoding, and the reuse
 that makes completion-while-typing cheap. A conductor over named parts:
 
+- ``specls.loading``: the models, their prompt facts and the drafting policy's pass costs, at load;
 - ``specls.prompt.PromptBuilder``: the FIM prompt, its token prefix stable across keystrokes;
 - ``specls.completion_cache.CompletionCache``: a prompt completed before is answered with zero model
   calls;
-- the document's target KV cache, truncated to the longest common token prefix with its previous
-  prompt, so only new tokens are prefilled;
-- drafters (``specls.decoder``): prompt lookup over every open buffer (``BufferIndex``, an incremental
-  n-gram index) and the draft model, combined (``HybridDrafter``), and in front of them the document's
-  previous completion when the user typed its beginning (``decoder.reuse``: typing through a
-  suggestion costs about one target pass);
+- ``specls.documents_state``: per document, the target KV cache, truncated to the longest common
+  token prefix with its previous prompt so only new tokens are prefilled, the document's drafters and
+  its last completion; and the open buffers' prompt-lookup index (``BufferIndex``);
+- ``specls.drafting``: the request's drafters, prompt lookup and the draft model, planned pass by pass
+  by the drafting policy (``PlannedDrafter``, within ``EngineSettings.draft_length``), and in front of
+  them the document's previous completion when the user typed its beginning (``decoder.reuse``:
+  typing through a suggestion costs about one target pass);
 - ``specls.decoder.loop.generate``: the decode loop; greedy output equals plain greedy decoding of the
   target whatever the drafters propose; a text stop (``decoder.text.TextStop``) ends it early;
-- ``specls.models.facts``: the model's FIM tokens, EOS ids and context limit, resolved at load;
 - ``EngineCounters`` (``stats()``), and ``EngineBatching``, off by default.
 
 Threading: ``complete`` runs in one worker thread at a time (serialised by a lock), unless batching is
@@ -23,129 +24,31 @@ short lock).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from specls.api import CompletionRequest, CompletionResult, EngineError
 from specls.completion_cache import FINISHED, CacheHit, CompletionCache
-from specls.decoder.api import (
-    CancelCheck,
-    CausalLM,
-    DecodeResult,
-    DecodeSettings,
-    Drafter,
-    KVCache,
-    never_cancelled,
-)
-from specls.decoder.batching import BatchSettings
-from specls.decoder.buffer_index import BufferIndex, ReindexPolicy
-from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.api import CancelCheck, DecodeResult, DecodeSettings, Drafter, KVCache, never_cancelled
 from specls.decoder.loop import generate
-from specls.decoder.ngram import common_prefix_len
-from specls.decoder.pass_cost_learner import PassCostLearner
-from specls.decoder.planned import PlannedDrafter, PolicyState, calibrate
-from specls.decoder.policy import PassCosts
-from specls.decoder.reuse import CompletionReuseDrafter, PreviousCompletion, ReuseFirstDrafter
+from specls.decoder.reuse import PreviousCompletion
 from specls.decoder.text import EarlyStop, TextStop
 from specls.decoder.timed import TimedDrafter
+from specls.documents_state import DocState, DocumentStates, prefix_cache
+from specls.drafting import decode_settings, learn_from, policy_state, request_drafter
 from specls.engine_batching import EngineBatching
+from specls.engine_settings import EngineSettings
 from specls.engine_stats import EngineCounters
-from specls.pass_costs_cache import PassCostsCache, costs_key, default_path, machine_facts
-from specls.prompt import (
-    DocumentEncoder,
-    FimTokens,
-    Prompt,
-    PromptBudget,
-    PromptBuilder,
-    TextTokenizer,
-    visible_text,
-)
+from specls.loading import LoadedModels, Progress, load_models
+from specls.prompt import DocumentEncoder, Prompt, PromptBuilder, visible_text
+from specls.type_ahead import type_ahead_answer
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """How the in-process engine loads and decodes. Field names are the CLI's and the LSP settings'
-    (``--model``/``model``, ``--no-draft``/``draft_model``, ``--no-speculation``/``speculation``)."""
-
-    model: str | None = None  # target model dir; None = the bundled target
-    draft: str | None = None  # draft model dir; None = the bundled draft
-    draft_model: bool = True  # draft with the draft model
-    lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
-    speculation: bool = True  # False = plain greedy reference path (no drafter at all)
-    # the most tokens one pass drafts; the drafting policy (decoder/planned.py) picks each pass's length
-    # up to it, by measured pass costs and learned acceptance
-    draft_length: int = 12
-    # keep the policy's pass costs per machine (specls.pass_costs_cache): a later load of the same models
-    # with the same settings skips the seconds of timing; False measures at every load (the benchmarks
-    # do, so each run's costs are its own)
-    costs_cache: bool = True
-    # follow the host: the pass costs the policy plans with move with every request's own passes
-    # (decoder/pass_cost_learner.py); False keeps the load's calibration for the engine's life
-    learn_costs: bool = True
-    completion_reuse: bool = True
-    # typing the beginning of the last finished suggestion answers its rest with zero model calls: the
-    # greedy answer to the prompt that was sent, not re-decoded for the new cursor (False re-decodes;
-    # completion reuse then verifies the rest in about one target pass, a prefill plus a pass on a CPU)
-    type_ahead: bool = True
-    prefix_reuse: bool = True
-    threads: int = 0  # onnxruntime intra-op threads; 0 = auto (specls.models.runtime.auto_threads)
-    provider: str = "auto"
-    temperature: float = 0.0
-    seed: int | None = None
-    deadline_s: float | None = None
-    budget: PromptBudget | None = None  # None: the loaded model's (LoadedModels.budget)
-    lru_size: int = 128  # finished completions kept (greedy only)
-    kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
-    reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
-    drafters: DrafterSettings = field(default_factory=DrafterSettings)
-    # re-indexing a buffer from an edit this far from its end waits until it was last indexed this long ago
-    reindex_max_chars: int = 2_000
-    reindex_interval_s: float = 5.0
-    # joining concurrent requests' target passes (team service); max_batch 1 = off
-    batching: BatchSettings = BatchSettings(max_batch=1)
-
-
-@dataclass
-class LoadedModels:
-    """What ``load`` produces; tests and the benchmark can build it from other parts."""
-
-    target: CausalLM
-    tokenizer: TextTokenizer
-    fim: FimTokens | None  # None: prefix-only prompts (a model without FIM tokens)
-    eos_ids: frozenset[int]
-    draft: CausalLM | None = None
-    provider: str = "cpu"
-    max_positions: int = 1024
-    # the model's prompt budgets and start tokens (specls.models.fim.prompt_facts)
-    budget: PromptBudget = field(default_factory=PromptBudget)
-    start_ids: tuple[int, ...] = ()
-    # what the drafting policy learned about this pair (pass costs calibrated at load, acceptance)
-    policy: PolicyState = field(default_factory=PolicyState)
-    # the same for prompt lookup alone (no draft model, or ``draft_model`` off) and for the draft model
-    # alone (``lookup`` off): each learns on its own, so that engines of one load with other drafters
-    # teach each other nothing
-    lookup_policy: PolicyState = field(default_factory=PolicyState)
-    draft_policy: PolicyState = field(default_factory=PolicyState)
-
-
-@dataclass
-class _DocState:
-    cache: KVCache | None = None
-    tokens: list[int] = field(default_factory=list)  # what ``cache`` holds
-    draft_drafter: DraftModelDrafter | None = None  # keeps its own draft KV cache across requests
-    lookup_drafter: PromptLookupDrafter | None = None  # keeps its context n-gram index
-    planned_drafter: PlannedDrafter | None = None  # the policy over those
-    last: PreviousCompletion | None = None  # for completion reuse and type-ahead
+__all__ = ["EngineSettings", "LoadedModels", "OnnxEngine", "result_to_dict"]
 
 
 class OnnxEngine:
@@ -154,19 +57,12 @@ class OnnxEngine:
     def __init__(self, settings: EngineSettings, models: LoadedModels | None = None) -> None:
         self.settings = settings
         self._models = models
-        self._lock = threading.Lock()  # the documents' states
         self._run_lock = threading.Lock()  # one complete() at a time (without batching)
         self._prep_lock = threading.Lock()  # index updates and prompt building
         self._batching: EngineBatching | None = None  # off by default (see specls.engine_batching)
-        self._docs: OrderedDict[str, _DocState] = OrderedDict()
+        self._docs = DocumentStates(settings)
         self._completions: CompletionCache | None = None
         self._counters = EngineCounters()
-        # the open buffers for prompt lookup (None: lookup off)
-        self._buffers: BufferIndex | None = None
-        if settings.speculation and settings.lookup:
-            self._buffers = BufferIndex(
-                ReindexPolicy(settings.reindex_max_chars, settings.reindex_interval_s)
-            )
         self._builder: PromptBuilder | None = None
         self._encoder: DocumentEncoder | None = None
         # the last computed request's prompt and generated tokens (benchmarks and debugging)
@@ -177,93 +73,13 @@ class OnnxEngine:
 
     # -- loading -------------------------------------------------------------------------------------
 
-    def load(self, progress: Callable[[str, float], None] | None = None) -> None:
-        if self._models is not None:
-            if progress:
-                progress("ready", 1.0)
-            return
+    def load(self, progress: Progress | None = None) -> None:
         say = progress or (lambda message, fraction: None)
-        s = self.settings
-        try:
-            from specls.models.facts import model_facts
-            from specls.models.loader import check_pair, load_model, resolve_model_dir
-            from specls.models.runtime import RuntimeSettings, auto_threads
-        except ImportError as exc:  # pragma: no cover - an incomplete install
-            raise EngineError(f"the model runtime is not available: {exc}") from exc
-        threads = s.threads if s.threads > 0 else auto_threads()
-        logger.info("onnxruntime threads: %d%s", threads, "" if s.threads > 0 else " (auto)")
-        runtime = RuntimeSettings(threads=threads, provider=s.provider)
-        try:
-            say("loading target model", 0.05)
-            target_dir = resolve_model_dir(s.model, "target")
-            target = load_model(target_dir, runtime)
-            draft = None
-            draft_dir = None
-            # a draft must share the target's tokenizer: the bundled draft only drafts for the bundled target
-            if s.speculation and s.draft_model and (s.draft is not None or s.model is None):
-                say("loading draft model", 0.6)
-                draft_dir = resolve_model_dir(s.draft, "draft")
-                # its numbers move acceptance only, so it skips the target's exactness padding
-                draft = load_model(draft_dir, replace(runtime, even_passes=False))
-                check_pair(target, draft)
-        except EngineError:
-            raise
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise EngineError(f"cannot load model: {exc}") from exc
-        try:
-            facts = model_facts(target)
-        except ValueError as exc:
-            raise EngineError(f"model {target_dir}: {exc}") from exc
-        prompt = facts.prompt
-        logger.info("prompt: FIM family %s, budget %s", prompt.family, prompt.budget)
-        models = LoadedModels(
-            target=target,
-            tokenizer=target.tokenizer,
-            fim=prompt.fim,
-            eos_ids=prompt.eos_ids,
-            draft=draft,
-            provider=facts.provider,
-            max_positions=facts.max_positions,
-            budget=prompt.budget,
-            start_ids=prompt.start_ids,
-        )
-        if s.speculation and (draft is not None or s.lookup):
-            costs = self._pass_costs(
-                target,
-                draft,
-                target_dir,
-                draft_dir,
-                {**dataclasses.asdict(runtime), "provider": models.provider},
-                say,
-            )
-            # each learns from its own requests (lookup alone plans by the verify costs only)
-            for policy in (models.policy, models.lookup_policy, models.draft_policy):
-                policy.costs = costs
-                policy.learner = PassCostLearner(costs, target.pass_granularity)
-        self._init_parts(models)
-        self._models = models
+        if self._models is None:
+            models = load_models(self.settings, say)
+            self._init_parts(models)
+            self._models = models
         say("ready", 1.0)
-
-    def _pass_costs(
-        self,
-        target: CausalLM,
-        draft: CausalLM | None,
-        target_dir: Path,
-        draft_dir: Path | None,
-        runtime: dict[str, Any],
-        say: Callable[[str, float], None],
-    ) -> PassCosts:
-        """The pair's pass costs: measured (``calibrate``), or read from the per-machine cache, whose
-        key has the model files, ``runtime`` (the runtime settings and the provider) and the machine."""
-
-        def measure() -> PassCosts:
-            say("measuring pass costs", 0.9)
-            return calibrate(target, draft, time.perf_counter)
-
-        if not self.settings.costs_cache:
-            return measure()
-        key = costs_key(target_dir, draft_dir, runtime, machine_facts())
-        return PassCostsCache(default_path()).get_or_measure(key, measure)
 
     def _init_parts(self, models: LoadedModels) -> None:
         self._completions = CompletionCache(self.settings.lru_size, models.tokenizer)
@@ -285,14 +101,10 @@ class OnnxEngine:
     # -- documents -------------------------------------------------------------------------------
 
     def update_document(self, doc_id: str, text: str) -> None:
-        if self._buffers is not None:
-            self._buffers.update(doc_id, text)
+        self._docs.update(doc_id, text)
 
     def close_document(self, doc_id: str) -> None:
-        with self._lock:
-            self._docs.pop(doc_id, None)  # frees its KV caches (a running request keeps its own ref)
-        if self._buffers is not None:
-            self._buffers.close(doc_id)
+        self._docs.close(doc_id)
 
     def flush(self) -> None:
         """Index every pending document update now (``complete`` defers big re-indexing of a buffer
@@ -302,20 +114,8 @@ class OnnxEngine:
             self._flush_pending(force=True)
 
     def _flush_pending(self, force: bool = False) -> None:
-        """Apply pending buffer texts to the prompt-lookup index (``BufferIndex.flush``)."""
-        if self._buffers is not None and self._encoder is not None:
-            self._buffers.flush(self._encoder.encode, force)
-
-    def _doc(self, doc_id: str) -> _DocState:
-        with self._lock:
-            state = self._docs.get(doc_id)
-            if state is None:
-                state = _DocState()
-                self._docs[doc_id] = state
-            self._docs.move_to_end(doc_id)
-            while len(self._docs) > max(1, self.settings.kv_documents):
-                self._docs.popitem(last=False)
-            return state
+        if self._encoder is not None:
+            self._docs.flush(self._encoder.encode, force)
 
     # -- completion ------------------------------------------------------------------------------
 
@@ -344,14 +144,14 @@ class OnnxEngine:
     def _complete(
         self, models: LoadedModels, request: CompletionRequest, cancelled: CancelCheck
     ) -> CompletionResult:
-        """One completion: prompt, then the finished-completion cache, else a decode on the
-        document's KV cache with its drafters; the document remembers what it produced."""
+        """One completion: type-ahead, else the prompt, then the finished-completion cache, else a
+        decode on the document's KV cache with its drafters."""
         provider = models.provider
         if request.max_tokens <= 0:
             return CompletionResult(text="", stop_reason="max_tokens", provider=provider)
         if cancelled():
             return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider=provider)
-        state = self._doc(request.doc_id)
+        state = self._docs.get(request.doc_id)
         ahead = self._type_ahead(models, state, request)
         if ahead is not None:
             return ahead
@@ -369,43 +169,37 @@ class OnnxEngine:
                 hit, partial = self.completions.lookup(key, request.early_stop), True
             if hit is not None:
                 return self._replay(models, state, request, len(prompt.tokens), hit, partial)
+        return self._generate(models, state, request, prompt, max_new, key, cancelled)
 
-        cache = self._prefix_cache(models, state, prompt.tokens)
+    def _generate(
+        self,
+        models: LoadedModels,
+        state: DocState,
+        request: CompletionRequest,
+        prompt: Prompt,
+        max_new: int,
+        key: bytes | None,
+        cancelled: CancelCheck,
+    ) -> CompletionResult:
+        """A decode on the document's KV cache with its drafters; the document remembers what it
+        produced, and the completion cache too (``key``)."""
+        cache = prefix_cache(models.target, state, prompt.tokens, self.settings.prefix_reuse)
         kept = cache.length  # prompt tokens whose KV is reused
-        drafter, reuse = self._drafter(models, state, request, prompt)
-        settings = self._decode_settings(max_new, reuse, request.speculation_cap)
+        drafter, reuse = request_drafter(self.settings, models, state, self._docs.buffers, request, prompt)
+        settings = decode_settings(self.settings, max_new, reuse, request.speculation_cap)
         if settings.draft_length <= 0:
             drafter, reuse = None, False
         early = EarlyStop(request.stop, request.early_stop) if request.early_stop is not None else None
         text_stop = early if early is not None else request.stop
-        on_text = request.on_text
         stop = (
-            TextStop(models.tokenizer, text_stop, on_text)
-            if text_stop is not None or on_text is not None
+            TextStop(models.tokenizer, text_stop, request.on_text)
+            if text_stop is not None or request.on_text is not None
             else None
         )
         out = self._decode(models, state, cache, prompt, drafter, settings, cancelled, stop)
-        if state.planned_drafter is not None:
-            state.planned_drafter.end()  # its length teaches the policy the usual completion length
-            # batched: shared passes; no pass: the decode ended before its drafters began, so the draft
-            # model's feeds on record are the previous request's, already learned
-            if self.settings.learn_costs and self._batching is None and out.pass_ms:
-                model = state.planned_drafter.model
-                self._policy_state(models).learn(out.pass_ms, model.feed_ms if model is not None else ())
-
-        raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
+        learn_from(self.settings, models, state, out, batched=self._batching is not None)
+        raw = self._remember(models, state, request, out)
         text = stop.text[: stop.cut] if stop is not None and stop.cut is not None else raw
-        shown = state.last
-        keep_shown = (  # a decode cancelled at the cursor of the finished suggestion shown keeps that one
-            out.stop_reason == "cancelled"
-            and shown is not None
-            and shown.stop_reason in FINISHED
-            and (shown.prefix, shown.suffix) == (request.prefix, request.suffix)
-        )
-        if raw and not keep_shown:
-            state.last = PreviousCompletion(
-                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer, out.stop_reason
-            )
         if key is not None:
             self.completions.store(key, out.tokens, out.stop_reason)
         ran = out.prefill_tokens > 0 or out.target_passes > 0
@@ -425,8 +219,27 @@ class OnnxEngine:
             completion_reuse=reuse,
             cache_hit=False,
             partial=partial,
-            provider=provider,
+            provider=models.provider,
         )
+
+    def _remember(
+        self, models: LoadedModels, state: DocState, request: CompletionRequest, out: DecodeResult
+    ) -> str:
+        """The decode's visible text, kept as the document's last completion (for completion reuse
+        and type-ahead) unless a cancelled decode would replace the finished suggestion shown."""
+        raw = visible_text(models.tokenizer.decode(out.tokens)) if out.tokens else ""
+        shown = state.last
+        keep_shown = (  # a decode cancelled at the cursor of the finished suggestion shown keeps that one
+            out.stop_reason == "cancelled"
+            and shown is not None
+            and shown.stop_reason in FINISHED
+            and (shown.prefix, shown.suffix) == (request.prefix, request.suffix)
+        )
+        if raw and not keep_shown:
+            state.last = PreviousCompletion(
+                request.prefix, request.suffix, raw, list(out.tokens), models.tokenizer, out.stop_reason
+            )
+        return raw
 
     @property
     def completions(self) -> CompletionCache:
@@ -444,7 +257,7 @@ class OnnxEngine:
     def _replay(
         self,
         models: LoadedModels,
-        state: _DocState,
+        state: DocState,
         request: CompletionRequest,
         prompt_tokens: int,
         hit: CacheHit,
@@ -467,66 +280,21 @@ class OnnxEngine:
         )
 
     def _type_ahead(
-        self, models: LoadedModels, state: _DocState, request: CompletionRequest
+        self, models: LoadedModels, state: DocState, request: CompletionRequest
     ) -> CompletionResult | None:
-        """The rest of the document's last finished completion when the cursor has since typed its
-        beginning (same suffix), cut by this request's stop; None when that is not the case, leaves
-        nothing to show, is over ``max_tokens``, or may be shorter than this request's answer (the last
-        one was cut off by its token budget or another stop, and neither this request's stop nor its
-        early stop cuts the rest). Zero model calls: the text is the greedy answer to the prompt that produced it
-        (``EngineSettings.type_ahead``)."""
-        last = state.last
-        if not self.settings.type_ahead or self.settings.temperature > 0.0 or last is None:
+        """``type_ahead_answer`` on the document's last completion (``EngineSettings.type_ahead``;
+        greedy only: the text is the greedy answer to the prompt that produced it)."""
+        if not self.settings.type_ahead or self.settings.temperature > 0.0 or state.last is None:
             return None
-        typed = last.typed(request.prefix, request.suffix) if last.stop_reason in FINISHED else None
-        if not typed:  # None: not typing through it; 0: the same cursor (the completion cache's case)
-            return None
-        rest = last.text[typed:]
-        partial = False
-        try:
-            cut = request.stop(rest) if request.stop is not None else None
-            if cut is None and last.stop_reason != "eos" and request.early_stop is not None:
-                cut = request.early_stop(rest)  # the early answer: the rest is left to a later request
-                partial = cut is not None
-        except Exception:  # a broken stop function: let the decode path (which guards it) answer
-            logger.exception("stop function failed on a type-ahead text")
-            return None
-        if cut is None and last.stop_reason != "eos":
-            return None  # the model would have gone on after `rest`
-        text = rest if cut is None else rest[:cut]
-        offsets = last.offsets()  # the tokens that made text: ending after `typed`, starting before its end
-        ends = zip(offsets, offsets[1:], strict=False)
-        n = sum(1 for a, b in ends if b > typed and a < typed + len(text))
-        if not text.strip() or n > request.max_tokens:
-            return None
-        self._counters.type_ahead()
-        reason = "eos" if cut is None else "stop"
-        return CompletionResult(
-            text=text,
-            tokens=n,
-            stop_reason=reason,
-            type_ahead=True,
-            partial=partial,
-            provider=models.provider,
-        )
-
-    def _prefix_cache(self, models: LoadedModels, state: _DocState, prompt: list[int]) -> KVCache:
-        """The document's target KV cache truncated to its longest common token prefix with ``prompt``
-        (only the rest is prefilled), or a new one."""
-        cache = state.cache
-        reuse = self.settings.prefix_reuse
-        if cache is None or not reuse:
-            cache = models.target.new_cache()
-            state.cache, state.tokens = cache, []
-        keep = min(common_prefix_len(state.tokens, prompt) if reuse else 0, cache.length)
-        cache.truncate(keep)
-        state.tokens = state.tokens[:keep]
-        return cache
+        answer = type_ahead_answer(state.last, request, models.provider)
+        if answer is not None:
+            self._counters.type_ahead()
+        return answer
 
     def _decode(
         self,
         models: LoadedModels,
-        state: _DocState,
+        state: DocState,
         cache: KVCache,
         prompt: Prompt,
         drafter: Drafter | None,
@@ -550,96 +318,24 @@ class OnnxEngine:
         state.tokens = [*prompt.tokens, *out.tokens][: cache.length]
         return out
 
-    def _decode_settings(self, max_new: int, reuse: bool, cap: int | None) -> DecodeSettings:
-        """The loop offers ``draft_length`` tokens a pass (enough for a completion-reuse proposal when
-        there is one): the drafting policy picks each pass's length within it."""
-        s = self.settings
-        draft_length = max(s.draft_length, s.reuse_max_draft) if reuse else s.draft_length
-        if cap is not None:  # a scheduler under load bounds speculation (0 = off)
-            draft_length = min(draft_length, max(0, cap))
-        return DecodeSettings(
-            max_new_tokens=max_new,
-            draft_length=draft_length,
-            temperature=s.temperature,
-            seed=s.seed,
-            deadline_s=s.deadline_s,
-        )
-
-    def _drafter(
-        self, models: LoadedModels, state: _DocState, request: CompletionRequest, prompt: Prompt
-    ) -> tuple[Drafter | None, bool]:
-        """The drafter for this request (None = plain greedy) and whether completion reuse is on.
-        Every drafting path is planned by the drafting policy, greedy or sampling (its proposals carry
-        the draft model's distributions)."""
-        s = self.settings
-        if not s.speculation:
-            return None, False
-        # per document, so their own indexes/caches carry over between keystrokes
-        lookup = None
-        if self._buffers is not None:
-            if state.lookup_drafter is None:
-                state.lookup_drafter = PromptLookupDrafter(self._buffers.index, s.drafters)
-            lookup = state.lookup_drafter
-            lookup.set_suffix(prompt.suffix_tokens)
-        model = None
-        if s.draft_model and models.draft is not None:
-            if state.draft_drafter is None:
-                state.draft_drafter = DraftModelDrafter(models.draft, s.drafters)
-            model = state.draft_drafter
-        inner: Drafter | None = None
-        if lookup is not None or model is not None:
-            if state.planned_drafter is None:
-                state.planned_drafter = PlannedDrafter(lookup, model, self._policy_state(models))
-            state.planned_drafter.end()  # the previous request learns under its own class
-            state.planned_drafter.stopped = request.stop is not None or request.early_stop is not None
-            inner = state.planned_drafter
-        reuse_drafter = self._reuse_drafter(models, state, request, prompt)
-        drafter = inner
-        if reuse_drafter is not None:
-            drafter = ReuseFirstDrafter(reuse_drafter, inner, s.draft_length)
-        if drafter is None:
-            return None, False
-        return TimedDrafter(drafter), reuse_drafter is not None
-
-    def _reuse_drafter(
-        self, models: LoadedModels, state: _DocState, request: CompletionRequest, prompt: Prompt
-    ) -> CompletionReuseDrafter | None:
-        last = state.last
-        if not self.settings.completion_reuse or last is None:
-            return None
-        typed = last.typed(request.prefix, request.suffix)
-        if typed is None:
-            return None
-        return CompletionReuseDrafter(len(prompt.tokens), last, typed, self.settings.reuse_max_draft)
-
     # -- stats -----------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, object]:
-        with self._lock:
-            documents = len(self._docs)
-            kv_tokens = sum(d.cache.length for d in self._docs.values() if d.cache is not None)
         models = self._models
         return {
             **self._counters.snapshot(),
-            "documents": documents,
-            "indexed_documents": len(self._buffers) if self._buffers is not None else 0,
-            "kv_tokens": kv_tokens,
+            "documents": len(self._docs),
+            "indexed_documents": self._docs.indexed(),
+            "kv_tokens": self._docs.kv_tokens(),
             "provider": None if models is None else models.provider,
             "ready": models is not None,
-            "drafting_policy": None if models is None else self._policy_state(models).snapshot(),
+            "drafting_policy": None if models is None else policy_state(self.settings, models).snapshot(),
             "batching": (
                 self._batching.snapshot()
                 if self._batching is not None
                 else {"enabled": False, "max_batch": self.settings.batching.max_batch}
             ),
         }
-
-    def _policy_state(self, models: LoadedModels) -> PolicyState:
-        """The drafting policy this engine's requests plan with: the pair's, or lookup's or the draft
-        model's alone (``_drafter`` uses the draft model exactly when this says so)."""
-        if not (self.settings.draft_model and models.draft is not None):
-            return models.lookup_policy
-        return models.policy if self.settings.lookup else models.draft_policy
 
     def with_settings(self, settings: EngineSettings) -> OnnxEngine:
         """A new engine sharing this one's loaded models (documents, caches and stats are its own)."""

@@ -123,7 +123,7 @@ def test_completion_reuse_typing_through_suggestion() -> None:
     fresh = cold.complete(request(pos + 4, max_tokens=44, text=text))
     assert second.completion_reuse
     assert second.text == fresh.text == first.text[4:]  # Not the old suggestion re-shown blindly
-    assert second.target_passes <= 2  # Not ~ tokens / (gamma+1): the remainder was verified at once
+    assert second.target_passes <= 2  # Not ~ tokens / (draft_length + 1): the remainder was verified at once
     assert second.per_drafter["reuse"].accepted >= len(second.text) - 2
     assert engine.stats()["completion_reuse_hits"] == 1
 
@@ -492,8 +492,8 @@ def test_big_reindex_of_a_buffer_waits() -> None:
     doc, other = "file:///w/a.py", "file:///w/b.py"
     engine.update_document(doc, SOURCE)
     engine.complete(request(POINTS[0], max_tokens=2, doc=doc))
-    assert engine._buffers is not None
-    index = engine._buffers.index
+    assert engine._docs.buffers is not None
+    index = engine._docs.buffers.index
     assert index.tokens(doc) == models.tokenizer.encode(SOURCE)
     edited = "# top\n" + SOURCE  # an edit far from the end: re-indexing would redo the whole buffer
     engine.update_document(doc, edited)
@@ -719,7 +719,7 @@ def test_a_decode_ended_before_its_first_pass_teaches_the_costs_nothing() -> Non
     engine.complete(request(POINTS[0], max_tokens=40))
     learner = models.policy.learner
     assert learner is not None
-    drafter = engine._doc("file:///w/a.py").planned_drafter
+    drafter = engine._docs.get("file:///w/a.py").planned_drafter
     assert drafter is not None and drafter.model is not None
     drafter.model.feed_ms = [(1, 1e6)]  # on record from before: a feed that must not be learned again
     passes, costs = learner.passes, models.policy.costs

@@ -146,7 +146,7 @@ def test_completion_reuse_on_bundled(engine: OnnxEngine, points: list[Point]) ->
         assert second.completion_reuse
         if fresh.text == first.text[len(typed) :]:
             consistent += 1
-            assert second.target_passes <= 2, second  # Not ~ tokens / (gamma + 1)
+            assert second.target_passes <= 2, second  # Not ~ tokens / (draft_length + 1)
     assert consistent >= 1
 
 
@@ -302,16 +302,16 @@ def test_pass_costs_measured_once_per_machine(monkeypatch: pytest.MonkeyPatch, c
     """With ``costs_cache`` (the default) a second load of the same pair and settings reads the first
     load's pass costs instead of timing the passes again; off, every load times them. A load with
     other threads is another key."""
-    import specls.engine as engine_module
+    import specls.loading as loading_module
 
     calls: list[int] = []
-    real = engine_module.calibrate
+    real = loading_module.calibrate
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "calibrate", counting)
+    monkeypatch.setattr(loading_module, "calibrate", counting)
     base = EngineSettings(lru_size=0, threads=1, costs_cache=costs_cache)
     first = OnnxEngine(base)
     first.load()
@@ -319,6 +319,7 @@ def test_pass_costs_measured_once_per_machine(monkeypatch: pytest.MonkeyPatch, c
     second.load()
     assert second.models.policy.costs == first.models.policy.costs or not costs_cache
     assert second.models.lookup_policy.costs == second.models.policy.costs
+    assert second.models.draft_policy.costs == second.models.policy.costs  # one calibration for all three
     assert len(calls) == (1 if costs_cache else 2)  # Not 2 with the cache: the second load reads it
     OnnxEngine(replace(base, threads=2)).load()
     assert len(calls) == (2 if costs_cache else 3)

@@ -1,0 +1,52 @@
+"""``EngineSettings``: how the in-process engine (``specls.engine``) loads and decodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specls.decoder.batching import BatchSettings
+from specls.decoder.drafters import DrafterSettings
+from specls.prompt import PromptBudget
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the in-process engine loads and decodes. Field names are the CLI's and the LSP settings'
+    (``--model``/``model``, ``--no-draft``/``draft_model``, ``--no-speculation``/``speculation``)."""
+
+    model: str | None = None  # target model dir; None = the bundled target
+    draft: str | None = None  # draft model dir; None = the bundled draft
+    draft_model: bool = True  # draft with the draft model
+    lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
+    speculation: bool = True  # False = plain greedy reference path (no drafter at all)
+    # the most tokens one pass drafts; the drafting policy (decoder/planned.py) picks each pass's length
+    # up to it, by measured pass costs and learned acceptance
+    draft_length: int = 12
+    # keep the policy's pass costs per machine (specls.pass_costs_cache): a later load of the same models
+    # with the same settings skips the seconds of timing; False measures at every load (the benchmarks
+    # do, so each run's costs are its own)
+    costs_cache: bool = True
+    # follow the host: the pass costs the policy plans with move with every request's own passes
+    # (decoder/pass_cost_learner.py); False keeps the load's calibration for the engine's life
+    learn_costs: bool = True
+    completion_reuse: bool = True
+    # typing the beginning of the last finished suggestion answers its rest with zero model calls: the
+    # greedy answer to the prompt that was sent, not re-decoded for the new cursor (False re-decodes;
+    # completion reuse then verifies the rest in about one target pass, a prefill plus a pass on a CPU)
+    type_ahead: bool = True
+    prefix_reuse: bool = True
+    threads: int = 0  # onnxruntime intra-op threads; 0 = auto (specls.models.runtime.auto_threads)
+    provider: str = "auto"
+    temperature: float = 0.0
+    seed: int | None = None
+    deadline_s: float | None = None
+    budget: PromptBudget | None = None  # None: the loaded model's (LoadedModels.budget)
+    lru_size: int = 128  # finished completions kept (greedy only)
+    kv_documents: int = 8  # documents whose KV caches are kept (least recently used dropped)
+    reuse_max_draft: int = 64  # longest completion-reuse proposal per pass
+    drafters: DrafterSettings = field(default_factory=DrafterSettings)
+    # re-indexing a buffer from an edit this far from its end waits until it was last indexed this long ago
+    reindex_max_chars: int = 2_000
+    reindex_interval_s: float = 5.0
+    # joining concurrent requests' target passes (team service); max_batch 1 = off
+    batching: BatchSettings = BatchSettings(max_batch=1)
