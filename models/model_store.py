@@ -98,8 +98,8 @@ class ConvertSettings:
 def _slug(source: str) -> str:
     """A readable directory-name part of a source id."""
     body = source.split(":", 1)[1] if ":" in source else source
-    body = body.rstrip("/").split("/")[-2:] if body.startswith("/") else body.split("/")
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", "--".join(body)).strip("-")[:80] or "model"
+    parts = body.rstrip("/").split("/")[-2:] if body.startswith("/") else body.split("/")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", "--".join(parts)).strip("-")[:80] or "model"
 
 
 @dataclass(frozen=True)
