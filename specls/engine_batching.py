@@ -1,5 +1,5 @@
 """The engine's one boundary to batching: joining concurrent requests' target passes into batched passes
-(``specls.decoder.batching``). Off by default (``EngineSettings.batching.max_batch`` 1): on a 2-core
+(``specls.decoder.batching``). Off by default (``EngineSettings.batching.max_batch`` 1): on a small
 CPU it served fewer completions than one request at a time (docs/team.md); a team server on a bigger
 machine turns it on with ``--batch``.
 

@@ -1,7 +1,7 @@
 """The drafting policy's pass costs, kept per machine so that a load measures them once.
 
-``decoder.planned.calibrate`` times a pair's passes at load: 2.0-2.8 s of a 7.4-8.5 s load for the int8
-Qwen 1.5B/0.5B pair on the 2-core CPU, paid again by every `specls complete` and every server start.
+``decoder.planned.calibrate`` times a pair's passes at load: for a 1.5B pair on a CPU, a good part of
+the load, paid again by every `specls complete` and every server start.
 The costs are ratios to a one-token target pass, so they depend on the model files, the runtime
 settings, onnxruntime and the CPU, and not on the minute they were taken: this file keeps them in
 ``$XDG_CACHE_HOME/specls/pass-costs.json`` (default ``~/.cache/specls``), one entry per key, and the next

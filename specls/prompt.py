@@ -52,7 +52,7 @@ class PromptBudget:
     loaded model; these field defaults are the bundled pair's (``default_budget(1024, "bundled", ...)``)."""
 
     # Defaults keep prompt + 64 new tokens within 512 positions (the bundled pair's main training
-    # length) and the cold prefill cheap (~20% of a cold 64-token completion on one CPU thread).
+    # length) and the cold prefill a small part of a cold completion.
     prefix_tokens: int = 256
     suffix_tokens: int = 96
     context_tokens: int = 64
@@ -61,10 +61,9 @@ class PromptBudget:
 
 
 # The positions a prompt plus its completion may fill: the model's context length, capped by these.
-# 1024 on any model: a cold prompt is prefilled whole before the first token (a 1.5B model prefills
-# ~30 tokens/s in fp32 on 2 CPU cores, a few times that at int4), while a warm keystroke prefills only
-# the changed tail; 1024 gives a real model ~60 lines of prefix instead of the ~25 of 256 tokens and
-# keeps the cold start within seconds at int4. An explicit EngineSettings.budget overrides it.
+# 1024 on any model: a cold prompt is prefilled whole before the first token (slow for a 1.5B model on
+# a CPU), while a warm keystroke prefills only the changed tail; 1024 gives a real model a few dozen
+# lines of prefix and keeps the cold start within seconds at int4. An explicit EngineSettings.budget overrides it.
 PROMPT_WINDOW = 1024
 # Families trained on shorter FIM examples than their context: the bundled pair saw 512 positions.
 FAMILY_WINDOWS: dict[str, int] = {"bundled": 512}
@@ -77,10 +76,9 @@ def default_budget(max_context: int, family: str, order: str | None, file_sep: b
     Window ``W = min(max_context, FAMILY_WINDOWS.get(family), PROMPT_WINDOW)``; of it 3W/16 stays free
     for the completion and the FIM tokens, W/8 goes to context snippets (with a file separator), the
     suffix gets 3W/16 in SPM but W/32 in PSM, and the prefix the rest. PSM puts the suffix after the
-    cursor's tokens, so every keystroke prefills it again: ``specls bench fim`` on Qwen2.5-Coder-1.5B
-    int4 (30 held-out lines) measured exact match 30.0% / 26.7% / 23.3% at PSM suffix windows of 64 /
-    32 / 16 tokens for 55.6 / 24.9 / 10.1 tokens re-prefilled per keystroke, and 6.7% in SPM order
-    (the model was not trained on it), so PSM keeps its order with the middle window. Prefix-only
+    cursor's tokens, so every keystroke prefills it again: a shorter PSM suffix window re-prefills
+    less per keystroke but matches fewer lines exactly, and SPM order matches far fewer on a model not
+    trained on it (``specls bench fim``), so PSM keeps its order with the middle window. Prefix-only
     prompts still cut a 3W/16 suffix window for lookup drafting (it costs no prefill).
 
     >>> def parts(b: PromptBudget) -> tuple[int, int, int]:
