@@ -437,7 +437,9 @@ def test_end_to_end_torch_then_ort_reusing_the_checkpoints(tmp_path: Path) -> No
     ref = gpu.greedy_reference(lm, prompt, 12)
     torch_lm = gpu.TorchCausalLM(work / "target-ckpt", "cpu", "fp32")
     assert gpu.greedy_reference(torch_lm, prompt, 12) == ref
-    res = generate(lm.new_cache(), prompt, None, DecodeSettings(max_new_tokens=12, draft_length=0), frozenset())
+    res = generate(
+        lm.new_cache(), prompt, None, DecodeSettings(max_new_tokens=12, draft_length=0), frozenset()
+    )
     assert res.tokens == ref
     js, md = gpu.write_report(report, tmp_path / "out")
     assert js.name.endswith("-ort.json") and md.name.endswith("-ort.md")
