@@ -141,46 +141,67 @@ class _Scanner:
         before the cursor) or ""."""
         prev, self.prev = self.prev, ch
         if self.triple:
-            if self.escape:
-                self.escape, self._run = False, 0
-            elif ch == "\\":
-                self.escape, self._run = True, 0
-            elif ch == self.triple:
-                self._run += 1
-                if self._run == 3:
-                    self.triple, self._run = "", 0
-                    if self.outer_quote:
-                        self.outer_quote = False
-                        return "outer"
-            else:
-                self._run = 0
-            return ""
+            return self._feed_triple(ch)
         if ch in "\r\n":
-            self.in_comment = False
-            self.quote = ""
-            self.outer_quote = False
-            self.escape = False
-            self._pair = ""
+            self._end_line()
             return ""
         if self.in_comment:
             return ""
         if self.quote:
-            if self.escape:
-                self.escape = False
-                self._quote_len += 1
-            elif ch == "\\":
-                self.escape = True
-                self._quote_len += 1
-            elif ch == self.quote:
-                self.quote = ""
-                if self.outer_quote:
-                    self.outer_quote = False
-                    return "outer"
-                if self._quote_len == 0:
-                    self._pair = ch  # "" so far: maybe the start of """
-            else:
-                self._quote_len += 1
-            return ""
+            return self._feed_quoted(ch)
+        return self._feed_code(ch, prev)
+
+    def _feed_triple(self, ch: str) -> str:
+        """Inside a triple-quoted string: only three closing quotes in a row end it."""
+        if self.escape:
+            self.escape, self._run = False, 0
+        elif ch == "\\":
+            self.escape, self._run = True, 0
+        elif ch == self.triple:
+            self._run += 1
+            if self._run == 3:
+                self.triple, self._run = "", 0
+                return self._close_outer_quote()
+        else:
+            self._run = 0
+        return ""
+
+    def _end_line(self) -> None:
+        """A line end closes line comments and one-line strings."""
+        self.in_comment = False
+        self.quote = ""
+        self.outer_quote = False
+        self.escape = False
+        self._pair = ""
+
+    def _feed_quoted(self, ch: str) -> str:
+        """Inside a one-line string."""
+        if self.escape:
+            self.escape = False
+            self._quote_len += 1
+        elif ch == "\\":
+            self.escape = True
+            self._quote_len += 1
+        elif ch == self.quote:
+            self.quote = ""
+            if self.outer_quote:
+                self.outer_quote = False
+                return "outer"
+            if self._quote_len == 0:
+                self._pair = ch  # "" so far: maybe the start of """
+        else:
+            self._quote_len += 1
+        return ""
+
+    def _close_outer_quote(self) -> str:
+        """A string just closed: "outer" when it was open before the cursor."""
+        if self.outer_quote:
+            self.outer_quote = False
+            return "outer"
+        return ""
+
+    def _feed_code(self, ch: str, prev: str) -> str:
+        """Outside strings and comments: brackets, and the start of a string or comment."""
         pair, self._pair = self._pair, ""
         if pair and ch == pair:
             self.triple, self._run = ch, 0
@@ -195,12 +216,16 @@ class _Scanner:
             self.stack.append(ch)
             return ""
         if ch in CLOSERS:
-            if not self.stack or self.stack[-1] != _MATCH[ch]:
-                return "unmatched"
-            self.stack.pop()
-            if len(self.stack) < self.base:
-                self.base = len(self.stack)
-                return "outer"
+            return self._close_bracket(ch)
+        return ""
+
+    def _close_bracket(self, ch: str) -> str:
+        if not self.stack or self.stack[-1] != _MATCH[ch]:
+            return "unmatched"
+        self.stack.pop()
+        if len(self.stack) < self.base:
+            self.base = len(self.stack)
+            return "outer"
         return ""
 
 
