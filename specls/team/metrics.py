@@ -261,69 +261,88 @@ def parse_prometheus_text(text: str) -> dict[str, ParsedFamily]:
     fams: dict[str, ParsedFamily] = {}
     if text and not text.endswith("\n"):
         raise PrometheusParseError("exposition must end with a newline")
-
-    def family_of(sample_name: str) -> ParsedFamily:
-        if sample_name in fams and fams[sample_name].kind not in _SUFFIXES:
-            return fams[sample_name]
-        for base, fam in fams.items():
-            for suf in _SUFFIXES.get(fam.kind, ()):
-                if sample_name == base + suf:
-                    return fam
-        return fams.setdefault(sample_name, ParsedFamily(sample_name))
-
     for lineno, line in enumerate(text.split("\n")[:-1], start=1):
         if not line.strip():
             continue
         if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
-                name = parts[2]
-                if not _NAME_RE.match(name):
-                    raise PrometheusParseError(f"line {lineno}: bad metric name {name!r}")
-                fam = fams.setdefault(name, ParsedFamily(name))
-                if parts[1] == "TYPE":
-                    kind = parts[3].strip() if len(parts) > 3 else ""
-                    if kind not in ("counter", "gauge", "histogram", "summary", "untyped"):
-                        raise PrometheusParseError(f"line {lineno}: bad type {kind!r}")
-                    if fam.samples:
-                        raise PrometheusParseError(f"line {lineno}: TYPE after samples of {name}")
-                    fam.kind = kind
-                else:
-                    fam.help = parts[3] if len(parts) > 3 else ""
-            continue
-        m = _SAMPLE_RE.match(line)
-        if m is None:
-            raise PrometheusParseError(f"line {lineno}: cannot parse {line!r}")
-        labels = _parse_labels(m.group(2), lineno) if m.group(2) else {}
-        fam = family_of(m.group(1))
-        fam.samples.append(Sample(m.group(1), labels, _parse_value(m.group(3), lineno)))
-
+            _parse_comment(fams, line, lineno)
+        else:
+            _parse_sample(fams, line, lineno)
     for fam in fams.values():
         if fam.kind == "counter":
-            for s in fam.samples:
-                if s.value < 0:
-                    raise PrometheusParseError(f"counter {s.name} is negative")
+            _check_counter(fam)
         if fam.kind == "histogram":
-            series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
-            counts: dict[tuple[tuple[str, str], ...], float] = {}
-            for s in fam.samples:
-                rest = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
-                if s.name.endswith("_bucket"):
-                    if "le" not in s.labels:
-                        raise PrometheusParseError(f"{s.name} bucket without le")
-                    series.setdefault(rest, []).append((_parse_value(s.labels["le"], 0), s.value))
-                elif s.name.endswith("_count"):
-                    counts[rest] = s.value
-            for rest, buckets in series.items():
-                buckets.sort()
-                if not buckets or not math.isinf(buckets[-1][0]):
-                    raise PrometheusParseError(f"{fam.name}: no +Inf bucket")
-                for (_, a), (_, b) in zip(buckets, buckets[1:], strict=False):
-                    if b < a:
-                        raise PrometheusParseError(f"{fam.name}: buckets not cumulative")
-                if rest in counts and counts[rest] != buckets[-1][1]:
-                    raise PrometheusParseError(f"{fam.name}: _count != +Inf bucket")
+            _check_histogram(fam)
     return fams
+
+
+def _family_of(fams: dict[str, ParsedFamily], sample_name: str) -> ParsedFamily:
+    """The family a sample belongs to (``x_bucket`` to histogram ``x``), made if undeclared."""
+    if sample_name in fams and fams[sample_name].kind not in _SUFFIXES:
+        return fams[sample_name]
+    for base, fam in fams.items():
+        for suf in _SUFFIXES.get(fam.kind, ()):
+            if sample_name == base + suf:
+                return fam
+    return fams.setdefault(sample_name, ParsedFamily(sample_name))
+
+
+def _parse_comment(fams: dict[str, ParsedFamily], line: str, lineno: int) -> None:
+    """A ``# HELP`` or ``# TYPE`` line; any other comment is ignored."""
+    parts = line.split(None, 3)
+    if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+        return
+    name = parts[2]
+    if not _NAME_RE.match(name):
+        raise PrometheusParseError(f"line {lineno}: bad metric name {name!r}")
+    fam = fams.setdefault(name, ParsedFamily(name))
+    if parts[1] == "TYPE":
+        kind = parts[3].strip() if len(parts) > 3 else ""
+        if kind not in ("counter", "gauge", "histogram", "summary", "untyped"):
+            raise PrometheusParseError(f"line {lineno}: bad type {kind!r}")
+        if fam.samples:
+            raise PrometheusParseError(f"line {lineno}: TYPE after samples of {name}")
+        fam.kind = kind
+    else:
+        fam.help = parts[3] if len(parts) > 3 else ""
+
+
+def _parse_sample(fams: dict[str, ParsedFamily], line: str, lineno: int) -> None:
+    m = _SAMPLE_RE.match(line)
+    if m is None:
+        raise PrometheusParseError(f"line {lineno}: cannot parse {line!r}")
+    labels = _parse_labels(m.group(2), lineno) if m.group(2) else {}
+    fam = _family_of(fams, m.group(1))
+    fam.samples.append(Sample(m.group(1), labels, _parse_value(m.group(3), lineno)))
+
+
+def _check_counter(fam: ParsedFamily) -> None:
+    for s in fam.samples:
+        if s.value < 0:
+            raise PrometheusParseError(f"counter {s.name} is negative")
+
+
+def _check_histogram(fam: ParsedFamily) -> None:
+    """Each label set's buckets are cumulative, end at +Inf, and +Inf equals ``_count``."""
+    series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+    counts: dict[tuple[tuple[str, str], ...], float] = {}
+    for s in fam.samples:
+        rest = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        if s.name.endswith("_bucket"):
+            if "le" not in s.labels:
+                raise PrometheusParseError(f"{s.name} bucket without le")
+            series.setdefault(rest, []).append((_parse_value(s.labels["le"], 0), s.value))
+        elif s.name.endswith("_count"):
+            counts[rest] = s.value
+    for rest, buckets in series.items():
+        buckets.sort()
+        if not buckets or not math.isinf(buckets[-1][0]):
+            raise PrometheusParseError(f"{fam.name}: no +Inf bucket")
+        for (_, a), (_, b) in zip(buckets, buckets[1:], strict=False):
+            if b < a:
+                raise PrometheusParseError(f"{fam.name}: buckets not cumulative")
+        if rest in counts and counts[rest] != buckets[-1][1]:
+            raise PrometheusParseError(f"{fam.name}: _count != +Inf bucket")
 
 
 # ---------------------------------------------------------------------------------------------
