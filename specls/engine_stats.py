@@ -50,11 +50,6 @@ class EngineCounters:
         self._t = _Totals()
         self._latency_ms: deque[float] = deque(maxlen=LATENCY_WINDOW)
 
-    def reset(self) -> None:
-        with self._lock:
-            self._t = _Totals()
-            self._latency_ms.clear()
-
     def error(self) -> None:
         with self._lock:
             self._t.errors += 1
