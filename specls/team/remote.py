@@ -29,7 +29,8 @@ import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from specls.api import CompletionRequest, CompletionResult, EngineError
 from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
@@ -97,6 +98,9 @@ def parse_sse_data(line: bytes) -> str | None:
     if not s.startswith("data:"):
         return None
     return s[5:].lstrip(" ")
+
+
+TextStop = Callable[[str], int | None]  # CompletionRequest.stop: the length to keep, or None
 
 
 @dataclass
@@ -357,128 +361,182 @@ class RemoteEngine:
         if cancelled():
             return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider="remote")
         t0 = time.perf_counter()
-        body = json.dumps(self._body(request)).encode("utf-8")
-        conn = self._conn()
-        done = threading.Event()
-        aborted = threading.Event()
-        # getresponse() hands the socket to the response (conn.sock becomes None): keep our own handle
-        sock_box: list[socket.socket] = []
-
-        def watch() -> None:
-            while not done.wait(self.settings.cancel_poll_s):
-                try:
-                    stop = cancelled()
-                except Exception:
-                    stop = True
-                if stop:
-                    aborted.set()
-                    for sock in sock_box:
-                        try:
-                            sock.shutdown(socket.SHUT_RDWR)
-                        except OSError:
-                            pass
-                    return
-
-        watcher = threading.Thread(target=watch, name="specls-remote-cancel", daemon=True)
-        with self._lock:
-            self._stats["http_requests"] += 1
-        raw = ""
-        finish: str | None = None
-        kept: int | None = None
-        chunks = 0
-        extra: dict[str, object] = {}
-        try:
-            conn.request("POST", f"{self._base_path}/v1/completions", body=body, headers=self._headers(True))
-            if conn.sock is not None:
-                conn.sock.settimeout(self.settings.read_timeout_s)
-                sock_box.append(conn.sock)
-            watcher.start()
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise self._fail("completion failed", self._error_detail(resp))
-            ctype = resp.getheader("Content-Type", "")
-            if "text/event-stream" in ctype:
-                while True:
-                    line = resp.readline()
-                    if not line:
-                        break
-                    data = parse_sse_data(line)
-                    if data is None or not data:
-                        continue
-                    if data.strip() == "[DONE]":
-                        break
-                    obj = json.loads(data)
-                    if isinstance(obj, dict) and obj.get("error"):
-                        raise self._fail("stream error", str(obj["error"])[:300])
-                    choice = (obj.get("choices") or [{}])[0]
-                    piece = choice.get("text") or ""
-                    if piece:
-                        chunks += 1
-                        raw += piece
-                    if choice.get("finish_reason"):
-                        finish = str(choice["finish_reason"])
-                    if isinstance(obj.get("specls"), dict):
-                        extra = obj["specls"]
-                    if request.stop is not None and piece:
-                        kept = request.stop(raw)
-                        if kept is not None:
-                            break
-            else:
-                obj = json.loads(resp.read() or b"{}")
-                choice = (obj.get("choices") or [{}])[0]
-                raw = choice.get("text") or ""
-                finish = choice.get("finish_reason")
-                usage = obj.get("usage") or {}
-                chunks = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
-                if isinstance(obj.get("specls"), dict):
-                    extra = obj["specls"]
-                if request.stop is not None:
-                    kept = request.stop(raw)
-        except EngineError:
-            raise
-        except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError) as exc:
-            if not aborted.is_set():
-                raise self._fail("completion failed", exc) from None
-        finally:
-            done.set()
-            conn.close()
-        if aborted.is_set():
+        watch = _CancelWatcher(cancelled, self.settings.cancel_poll_s)
+        reply = _Reply()
+        self._post(request, watch, reply)
+        if watch.aborted.is_set():
             with self._lock:
                 self._stats["aborted_streams"] += 1
                 self._stats["requests"] += 1
             return CompletionResult(
-                text="", tokens=chunks, stop_reason="cancelled", cancelled=True, provider="remote"
+                text="", tokens=reply.chunks, stop_reason="cancelled", cancelled=True, provider="remote"
             )
-        complete = kept is None and finish is not None
-        text = raw if kept is None else raw[:kept]
-        reported = extra.get("tokens")
-        tokens = reported if isinstance(reported, int) else chunks
+        tokens = reply.tokens()
+        self._remember(request, _Cached(reply.raw, reply.complete, tokens))
+        return _with_remote_stats(
+            CompletionResult(
+                text=reply.text,
+                tokens=tokens,
+                stop_reason=reply.stop_reason(),
+                decode=DecodeResult(tokens=[], decode_ms=(time.perf_counter() - t0) * 1000),
+                provider="remote",
+            ),
+            reply.extra,
+        )
+
+    def _post(self, request: CompletionRequest, watch: _CancelWatcher, reply: _Reply) -> None:
+        """Send the request and read the answer into ``reply``; a read that fails because the
+        request was cancelled leaves what arrived so far and ``watch.aborted`` set."""
+        body = json.dumps(self._body(request)).encode("utf-8")
+        conn = self._conn()
+        with self._lock:
+            self._stats["http_requests"] += 1
+        try:
+            conn.request("POST", f"{self._base_path}/v1/completions", body=body, headers=self._headers(True))
+            sock = conn.sock
+            if sock is not None:
+                sock.settimeout(self.settings.read_timeout_s)
+            watch.start(sock)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise self._fail("completion failed", self._error_detail(resp))
+            if "text/event-stream" in resp.getheader("Content-Type", ""):
+                self._read_stream(resp, request.stop, reply)
+            else:
+                reply.read_body(json.loads(resp.read() or b"{}"), request.stop)
+        except EngineError:
+            raise
+        except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError) as exc:
+            if not watch.aborted.is_set():
+                raise self._fail("completion failed", exc) from None
+        finally:
+            watch.done.set()
+            conn.close()
+
+    def _read_stream(self, resp: http.client.HTTPResponse, stop: TextStop | None, reply: _Reply) -> None:
+        """Server-Sent Events: ``stop`` runs on every chunk and ends the read as soon as the
+        completion is finished."""
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            data = parse_sse_data(line)
+            if not data:
+                continue
+            if data.strip() == "[DONE]":
+                break
+            obj = json.loads(data)
+            if isinstance(obj, dict) and obj.get("error"):
+                raise self._fail("stream error", str(obj["error"])[:300])
+            piece = reply.add_chunk(obj)
+            if stop is not None and piece:
+                reply.kept = stop(reply.raw)
+                if reply.kept is not None:
+                    break
+
+    def _remember(self, request: CompletionRequest, entry: _Cached) -> None:
+        """Count the request and keep its answer for the LRU cache and typed-ahead reuse."""
         with self._lock:
             self._stats["requests"] += 1
-            self._stats["tokens"] += tokens
-            entry = _Cached(raw, complete, tokens)
+            self._stats["tokens"] += entry.tokens
             key = (request.prefix, request.suffix, request.max_tokens)
             self._cache[key] = entry
             self._cache.move_to_end(key)
             while len(self._cache) > max(0, self.settings.cache_size):
                 self._cache.popitem(last=False)
             self._last[request.doc_id] = (request.prefix, request.suffix, entry)
-        if kept is not None:
-            stop_reason = "stop"
-        elif finish == "length":
-            stop_reason = "max_tokens"
-        else:
-            stop_reason = "eos" if finish else "max_tokens"
-        return _with_remote_stats(
-            CompletionResult(
-                text=text,
-                tokens=tokens,
-                stop_reason=stop_reason,
-                decode=DecodeResult(tokens=[], decode_ms=(time.perf_counter() - t0) * 1000),
-                provider="remote",
-            ),
-            extra,
-        )
+
+
+class _CancelWatcher:
+    """Polls the cancel check while a request runs and, on cancel, shuts the socket down, which
+    aborts the HTTP stream (the server sees the disconnect and stops generating)."""
+
+    def __init__(self, cancelled: CancelCheck, poll_s: float) -> None:
+        self._cancelled = cancelled
+        self._poll_s = poll_s
+        self.done = threading.Event()
+        self.aborted = threading.Event()
+        # getresponse() hands the socket to the response (conn.sock becomes None): keep our own handle
+        self._socks: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._watch, name="specls-remote-cancel", daemon=True)
+
+    def start(self, sock: socket.socket | None) -> None:
+        if sock is not None:
+            self._socks.append(sock)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.wait(self._poll_s):
+            try:
+                stop = self._cancelled()
+            except Exception:
+                stop = True
+            if stop:
+                self.aborted.set()
+                for sock in self._socks:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+
+
+@dataclass
+class _Reply:
+    """What the server answered so far; filled while reading, so a cancelled read still counts the
+    chunks that arrived."""
+
+    raw: str = ""
+    finish: str | None = None  # the server's finish_reason
+    kept: int | None = None  # where the request's text-level stop cut ``raw``
+    chunks: int = 0
+    extra: dict[str, object] = field(default_factory=dict)  # a specls serve-engine's decode stats
+
+    def add_chunk(self, obj: Any) -> str:
+        """One streamed event; returns its text."""
+        choice = (obj.get("choices") or [{}])[0]
+        piece: str = choice.get("text") or ""
+        if piece:
+            self.chunks += 1
+            self.raw += piece
+        if choice.get("finish_reason"):
+            self.finish = str(choice["finish_reason"])
+        if isinstance(obj.get("specls"), dict):
+            self.extra = obj["specls"]
+        return piece
+
+    def read_body(self, obj: Any, stop: TextStop | None) -> None:
+        """A whole (not streamed) answer."""
+        choice = (obj.get("choices") or [{}])[0]
+        self.raw = choice.get("text") or ""
+        self.finish = choice.get("finish_reason")
+        usage = obj.get("usage") or {}
+        self.chunks = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
+        if isinstance(obj.get("specls"), dict):
+            self.extra = obj["specls"]
+        if stop is not None:
+            self.kept = stop(self.raw)
+
+    @property
+    def complete(self) -> bool:
+        """The server finished on its own (not cut by our stop or a cancel)."""
+        return self.kept is None and self.finish is not None
+
+    @property
+    def text(self) -> str:
+        return self.raw if self.kept is None else self.raw[: self.kept]
+
+    def tokens(self) -> int:
+        """The server's own token count when it reports one, else the chunks received."""
+        reported = self.extra.get("tokens")
+        return reported if isinstance(reported, int) else self.chunks
+
+    def stop_reason(self) -> str:
+        if self.kept is not None:
+            return "stop"
+        if self.finish == "length":
+            return "max_tokens"
+        return "eos" if self.finish else "max_tokens"
 
 
 def _with_remote_stats(result: CompletionResult, extra: dict[str, object]) -> CompletionResult:
