@@ -249,8 +249,6 @@ class FairScheduler:
     ) -> CompletionResult:
         """Queue ``request`` for ``session`` and block until it is served, dropped or cancelled."""
         job = _Job(session, request, cancelled, time.monotonic())
-        to_finish: list[tuple[_Job, str]] = []
-        s = self.settings
         with self._cond:
             if self._closed:
                 raise EngineError("the completion service is shutting down")
@@ -260,40 +258,58 @@ class FairScheduler:
                 return _cancelled_result("disconnected")
             self._counts["submitted"] += 1
             q = self._queues.setdefault(session.id, deque())
-            # Sweep requests whose callers already gave up: they free their slots now.
-            for old in [j for j in q if j.cancelled()]:
-                q.remove(old)
-                to_finish.append((old, "cancelled"))
-            if s.replace_same_document:
-                for old in [j for j in q if j.request.doc_id == request.doc_id]:
-                    q.remove(old)
-                    to_finish.append((old, "superseded"))
-                for run in self._running:
-                    if (
-                        s.cancel_superseded_running
-                        and run.session is session
-                        and run.request.doc_id == request.doc_id
-                    ):
-                        run.stop_flag = "superseded"
-            while len(q) >= max(1, s.per_client_queue):
-                to_finish.append((q.popleft(), "dropped"))
-            total = sum(len(x) for x in self._queues.values())
-            while total >= max(1, s.max_queue):
-                victim_sid = max(self._queues, key=lambda k: len(self._queues[k]))
-                to_finish.append((self._queues[victim_sid].popleft(), "dropped"))
-                total -= 1
+            to_finish = self._make_room(session, request, q)
             q.append(job)
             self._requeue_rr()
-            depth = total + 1 + len(self._running)
+            depth = sum(len(x) for x in self._queues.values()) + len(self._running)
             self._max_depth = max(self._max_depth, depth)
             self._cond.notify_all()
         for old, why in to_finish:
             self._finish_unrun(old, why)
-        # Wait, re-checking our own cancellation so a queued request leaves without a target pass.
-        while not job.done.wait(s.poll_s):
+        self._wait(job)
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _make_room(
+        self, session: ClientSession, request: CompletionRequest, q: deque[_Job]
+    ) -> list[tuple[_Job, str]]:
+        """Caller holds the lock. Takes out of the queues, to make room for ``request`` in
+        ``session``'s queue ``q``, what must leave them, and returns each with why."""
+        s = self.settings
+        to_finish: list[tuple[_Job, str]] = []
+        # Sweep requests whose callers already gave up: they free their slots now.
+        for old in [j for j in q if j.cancelled()]:
+            q.remove(old)
+            to_finish.append((old, "cancelled"))
+        if s.replace_same_document:
+            for old in [j for j in q if j.request.doc_id == request.doc_id]:
+                q.remove(old)
+                to_finish.append((old, "superseded"))
+            for run in self._running:
+                if (
+                    s.cancel_superseded_running
+                    and run.session is session
+                    and run.request.doc_id == request.doc_id
+                ):
+                    run.stop_flag = "superseded"
+        while len(q) >= max(1, s.per_client_queue):
+            to_finish.append((q.popleft(), "dropped"))
+        total = sum(len(x) for x in self._queues.values())
+        while total >= max(1, s.max_queue):
+            victim_sid = max(self._queues, key=lambda k: len(self._queues[k]))
+            to_finish.append((self._queues[victim_sid].popleft(), "dropped"))
+            total -= 1
+        return to_finish
+
+    def _wait(self, job: _Job) -> None:
+        """Wait until ``job`` is done, re-checking its cancellation so a queued request leaves
+        without a target pass."""
+        while not job.done.wait(self.settings.poll_s):
             if job.dispatched is None and job.cancelled():
                 with self._cond:
-                    qq = self._queues.get(session.id)
+                    qq = self._queues.get(job.session.id)
                     removed = False
                     if job.dispatched is None and qq is not None and job in qq:
                         qq.remove(job)
@@ -301,10 +317,6 @@ class FairScheduler:
                         removed = True
                 if removed:
                     self._finish_unrun(job, job.stop_flag or "cancelled")
-        if job.error is not None:
-            raise job.error
-        assert job.result is not None
-        return job.result
 
     def _requeue_rr(self) -> None:
         # caller holds the lock: keep _rr == sessions with non-empty queues, order preserved
