@@ -59,12 +59,13 @@ from specls.lsp.postprocess import (
 from specls.lsp.settings import ServerSettings, parse_settings
 from specls.lsp.team_auth import Team, TeamAuth
 
+from specls import __version__
 from specls.api import CompletionRequest, CompletionResult, Engine
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "specls"
-SERVER_VERSION = "0.1.0"
+SERVER_VERSION = __version__  # pyproject.toml, read once (specls/__init__.py)
 STATS_METHOD = "specls/stats"
 ACCEPTED_METHOD = "specls/accepted"
 SHOWN_METHOD = "specls/shown"
