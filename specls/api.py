@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
+from specls.next_edit.edit_diff import EditDiff
+from specls.next_edit.edits import LastEdit, Region, TextEdit
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,108 @@ class ResultTotals:
         }
 
 
+@dataclass(frozen=True)
+class NextEditRequest:
+    """A next-edit suggestion near one cursor: the engine rewrites the region around it (docs/next-edit.md).
+
+    ``text`` is the document now; ``line``/``character`` the cursor (0-based, ``character`` in UTF-16
+    code units, as LSP); ``history`` the recent edits, oldest first, of this and other documents
+    (``specls.lsp.edit_history.EditHistory.edit_diffs``, or ``diffs_between`` of a file's earlier
+    version); ``last_edit`` the one a suggestion must not undo (None: the newest of ``history`` on
+    this document's ``path``). ``max_tokens`` caps the rewrite (None: from the region's length).
+    ``layout`` overrides the model's next-edit layout (``specls.next_edit.layouts``)."""
+
+    doc_id: str
+    text: str
+    line: int
+    character: int
+    history: tuple[EditDiff, ...] = ()
+    context_docs: tuple[tuple[str, str], ...] = ()  # other open buffers (uri -> text)
+    max_tokens: int | None = None
+    path: str = ""  # the file's name in the prompt ("": from doc_id, a file: uri's path)
+    last_edit: LastEdit | None = None
+    layout: str | None = None
+
+
+@dataclass(frozen=True)
+class NextEditResult:
+    """The suggested edits (document coordinates, UTF-16 characters; empty: nothing to show) and how
+    they came: the ``region`` rewritten (lines [start_line, end_line)), the model's ``rewritten``
+    region (None: no usable output), and the decode. ``dropped`` says why nothing is shown ("" when
+    edits are: "unchanged", "malformed", "undo", "cancelled", "no_room", "empty"); ``undone`` counts
+    edits left out because they would undo the last edit."""
+
+    edits: tuple[TextEdit, ...]
+    region: Region
+    rewritten: str | None
+    tokens: int = 0
+    stop_reason: str = "max_tokens"
+    cancelled: bool = False
+    decode: DecodeResult | None = None
+    dropped: str = ""
+    undone: int = 0
+    layout: str = ""
+    prefix_reused_tokens: int = 0
+    provider: str = "cpu"
+
+    @property
+    def target_passes(self) -> int:
+        return self.decode.target_passes if self.decode is not None else 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.decode.prefill_tokens if self.decode is not None else 0
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.decode.prefill_ms if self.decode is not None else 0.0
+
+    @property
+    def decode_ms(self) -> float:
+        return self.decode.decode_ms if self.decode is not None else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-able data: ``specls next-edit --json``'s object (edits as LSP ``TextEdit``s).
+
+        >>> NextEditResult((), Region(3, 5), None, dropped="malformed").to_dict()["region"]
+        {'start_line': 3, 'end_line': 5}
+        """
+        d = self.decode
+        return {
+            "edits": [e.to_json() for e in self.edits],
+            "region": {"start_line": self.region.start_line, "end_line": self.region.end_line},
+            "rewritten": self.rewritten,
+            "tokens": self.tokens,
+            "target_passes": self.target_passes,
+            "prefill_ms": self.prefill_ms,
+            "decode_ms": self.decode_ms,
+            "stop_reason": self.stop_reason,
+            "cancelled": self.cancelled,
+            "dropped": self.dropped,
+            "undone": self.undone,
+            "layout": self.layout,
+            "drafted": d.drafted if d is not None else 0,
+            "accepted": d.accepted if d is not None else 0,
+            "per_drafter": {k: asdict(v) for k, v in d.per_drafter.items()} if d is not None else {},
+            "prefill_tokens": self.prefill_tokens,
+            "prefix_reused_tokens": self.prefix_reused_tokens,
+            "provider": self.provider,
+        }
+
+
+def no_next_edit(request: NextEditRequest, dropped: str, provider: str = "cpu") -> NextEditResult:
+    """An empty answer at the cursor's line (a fake engine, a cancelled or impossible request)."""
+    return NextEditResult(
+        (),
+        Region(request.line, request.line),
+        None,
+        stop_reason="cancelled" if dropped == "cancelled" else "max_tokens",
+        cancelled=dropped == "cancelled",
+        dropped=dropped,
+        provider=provider,
+    )
+
+
 class EngineError(RuntimeError):
     """A backend that cannot serve (model missing/corrupt, remote unreachable). Message is for users."""
 
@@ -178,5 +282,10 @@ class Engine(Protocol):
     def complete(
         self, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
     ) -> CompletionResult: ...
+
+    def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
+        """The edits the user is likely to make next near the cursor (empty: none to show); output
+        identical to plain greedy decoding of the edit prompt."""
+        ...
 
     def stats(self) -> dict[str, object]: ...

@@ -30,7 +30,14 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
-from specls.api import CompletionRequest, CompletionResult, EngineError
+from specls.api import (
+    CompletionRequest,
+    CompletionResult,
+    EngineError,
+    NextEditRequest,
+    NextEditResult,
+    no_next_edit,
+)
 from specls.completion_cache import FINISHED, CacheHit, CompletionCache
 from specls.decoder.api import CancelCheck, DecodeResult, DecodeSettings, Drafter, KVCache, never_cancelled
 from specls.decoder.loop import generate
@@ -317,6 +324,12 @@ class OnnxEngine:
         self.last_prompt, self.last_tokens = list(prompt.tokens), list(out.tokens)
         state.tokens = [*prompt.tokens, *out.tokens][: cache.length]
         return out
+
+    # -- next edits ------------------------------------------------------------------------------
+
+    def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
+        """The region around the cursor rewritten by the model, as edits (docs/next-edit.md)."""
+        return no_next_edit(request, "empty", provider=self.models.provider)
 
     # -- stats -----------------------------------------------------------------------------------
 

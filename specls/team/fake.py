@@ -12,7 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specls.api import CompletionRequest, CompletionResult, EngineError
+from specls.api import (
+    CompletionRequest,
+    CompletionResult,
+    EngineError,
+    NextEditRequest,
+    NextEditResult,
+    no_next_edit,
+)
 from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
 
 
@@ -126,6 +133,17 @@ class FakeEngine:
             ),
             provider="fake",
         )
+
+    def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
+        """No edit (a model-free engine has no rewrite to offer), after one fake pass."""
+        if not self._ready:
+            raise EngineError("fake engine not loaded")
+        if cancelled():
+            return no_next_edit(request, "cancelled", provider="fake")
+        time.sleep(self.settings.pass_s)
+        with self._lock:
+            self.passes += 1
+        return no_next_edit(request, "unchanged", provider="fake")
 
     def stats(self) -> dict[str, object]:
         with self._lock:

@@ -32,7 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specls.api import CompletionRequest, CompletionResult, EngineError
+from specls.api import (
+    CompletionRequest,
+    CompletionResult,
+    EngineError,
+    NextEditRequest,
+    NextEditResult,
+    no_next_edit,
+)
 from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
 
 log = logging.getLogger(__name__)
@@ -272,6 +279,10 @@ class RemoteEngine:
         with self._lock:
             self._docs.discard(doc_id)
             self._last.pop(doc_id, None)
+
+    def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
+        """The edit prompt sent to the back end as a plain completion (its own speculation applies)."""
+        return no_next_edit(request, "empty", provider="remote")
 
     def stats(self) -> dict[str, object]:
         with self._lock:

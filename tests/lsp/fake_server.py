@@ -22,7 +22,15 @@ from specls.decoder.api import CancelCheck, DecodeResult, never_cancelled
 from specls.lsp.server import EngineHost, create_server
 from specls.lsp.settings import ServerSettings
 
-from specls.api import CompletionRequest, CompletionResult, EngineError
+from specls.api import (
+    CompletionRequest,
+    CompletionResult,
+    EngineError,
+    NextEditRequest,
+    NextEditResult,
+    no_next_edit,
+)
+from specls.next_edit.edits import Position, Region, TextEdit, split_lines
 
 
 def fake_completion(prefix: str) -> str:
@@ -42,6 +50,7 @@ class FakeEngine:
         self.lock = threading.Lock()
         self.counts = {"complete": 0, "cancelled_seen": 0, "updates": 0, "closes": 0, "loads": 0}
         self.docs: dict[str, str] = {}
+        self.next_edit_rule = os.environ.get("SPECLS_FAKE_NEXT_EDIT", "")
 
     def load(self, progress: Callable[[str, float], None] | None = None) -> None:
         self.counts["loads"] += 1
@@ -95,6 +104,26 @@ class FakeEngine:
             stop_reason="eos",
             decode=DecodeResult(tokens=[], prefill_tokens=len(request.prefix)),
         )
+
+    def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
+        """Scripted by ``next_edit_rule`` ("old=>new", env ``SPECLS_FAKE_NEXT_EDIT``): the first
+        ``old`` at or below the cursor's line becomes ``new``; no rule or no match: no edit."""
+        self.counts["next_edit"] = self.counts.get("next_edit", 0) + 1
+        if self.pass_ms:
+            time.sleep(self.pass_ms / 1000)
+        if cancelled():
+            return no_next_edit(request, "cancelled", provider="fake")
+        old, sep, new = self.next_edit_rule.partition("=>")
+        lines = split_lines(request.text)
+        for n in range(max(0, request.line), len(lines)) if sep and old else ():
+            col = lines[n].find(old)
+            if col >= 0:
+                start = len(lines[n][:col].encode("utf-16-le")) // 2
+                end = start + len(old.encode("utf-16-le")) // 2
+                edit = TextEdit(Position(n, start), Position(n, end), new)
+                rewritten = lines[n][:col] + new + lines[n][col + len(old) :]
+                return NextEditResult((edit,), Region(n, n + 1), rewritten, tokens=1, provider="fake")
+        return no_next_edit(request, "unchanged", provider="fake")
 
     def stats(self) -> dict[str, object]:
         with self.lock:
