@@ -11,8 +11,9 @@ import signal
 import sys
 from typing import Any
 
-from specls.lsp.settings import ServerSettings, parse_draft_length
+from specls.lsp.settings import ENGINE_FIELDS, ServerSettings
 
+from specls import __version__
 from specls.api import Engine
 
 DEFAULT_HOST = "127.0.0.1"
@@ -33,52 +34,23 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, number
 
 
-def draft_length(value: str) -> int:
-    """``--draft-length``: the LSP setting's range (``draftLength``)."""
-    try:
-        return parse_draft_length(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"bad draft length {value!r}: {exc}") from None
-
-
 def make_engine(settings: ServerSettings) -> Engine:
     """The in-process ONNX engine for these settings (heavy imports happen here)."""
-    from specls.engine import EngineSettings, OnnxEngine
+    from specls.engine import OnnxEngine
+    from specls.model_options import engine_settings
 
-    updates: dict[str, Any] = {
-        "model": settings.model or None,
-        "draft": settings.draft or None,
-        "draft_model": settings.draft_model,
-        "speculation": settings.speculation,
-        "type_ahead": settings.type_ahead,
-        "draft_length": settings.draft_length,
-        "threads": settings.threads,  # 0 = auto in both
-    }
-    return OnnxEngine(dataclasses.replace(EngineSettings(), **updates))
+    return OnnxEngine(engine_settings(settings.engine_options()))
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    settings = ServerSettings()
-    updates: dict[str, Any] = {}
-    if args.model:
-        updates["model"] = args.model
-    if args.draft:
-        updates["draft"] = args.draft
-    if args.no_draft:
-        updates["draft_model"] = False
-    if args.no_speculation:
-        updates["speculation"] = False
-    if args.no_type_ahead:
-        updates["type_ahead"] = False
+    """The server's settings from ``serve``'s arguments: the shared model options by their one name
+    (``specls.model_options``; what was not given keeps its default), and the server's own."""
+    given = {name: value for name, value in vars(args).items() if name in ENGINE_FIELDS and value is not None}
     if args.no_line_first:
-        updates["line_first"] = False
-    if args.threads is not None:
-        updates["threads"] = args.threads
+        given["line_first"] = False
     if args.max_tokens is not None:
-        updates["max_tokens"] = args.max_tokens
-    if args.draft_length is not None:
-        updates["draft_length"] = args.draft_length
-    return dataclasses.replace(settings, **updates)
+        given["max_tokens"] = args.max_tokens
+    return dataclasses.replace(ServerSettings(), **given)
 
 
 EXIT_LOAD_FAILED = 3  # ``specls serve --tcp``: the engine could not be loaded (docs/team.md)
@@ -219,7 +191,7 @@ async def fetch_stats(address: str, port: int, timeout: float = 30.0) -> dict[st
     from pygls.lsp.client import LanguageClient
     from specls.lsp.server import STATS_METHOD
 
-    client = LanguageClient("specls-stats", "0.1.0")
+    client = LanguageClient("specls-stats", __version__)
     await client.start_tcp(address, port)
     try:
         await asyncio.wait_for(
@@ -258,43 +230,21 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    from specls.model_options import add_model_arguments
+    from specls.team.cli import add_engine_arguments, add_team_arguments
+
     serve = sub.add_parser("serve", help="run the language server (stdio, or TCP for many clients)")
     serve.add_argument(
         "--tcp", type=parse_address, metavar="[HOST:]PORT", help="listen on TCP instead of stdio"
     )
-    serve.add_argument("--model", metavar="DIR", help="target model directory (default: bundled)")
-    serve.add_argument("--draft", metavar="DIR", help="draft model directory (default: bundled)")
-    serve.add_argument("--no-draft", action="store_true", help="no draft model (prompt lookup drafts only)")
-    serve.add_argument(
-        "--no-speculation", action="store_true", help="plain greedy decoding on the target (reference path)"
-    )
-    serve.add_argument(
-        "--no-type-ahead",
-        action="store_true",
-        help="decode again on every keystroke typed into a suggestion (default: show the rest of it)",
-    )
+    add_model_arguments(serve)  # --model, --preset, --draft, --no-draft, --threads, ... (one place)
     serve.add_argument(
         "--no-line-first",
         action="store_true",
         help="in a multi-line context wait for the whole block (default: the first line first)",
     )
-    serve.add_argument(
-        "--threads",
-        type=int,
-        metavar="N",
-        help="onnxruntime intra-op threads (default 0: the CPUs less one, 1 to 4)",
-    )
     serve.add_argument("--max-tokens", type=int, metavar="N", help="tokens per completion (default 64)")
-    serve.add_argument(
-        "--draft-length",
-        type=draft_length,
-        metavar="N",
-        help="the most tokens one pass drafts (default 12); the drafting policy picks each pass's "
-        "length up to it",
-    )
-    from specls.team.cli import add_engine_arguments, add_team_arguments
-
-    add_engine_arguments(serve, model_args=False)  # --engine onnx|remote|fake
+    add_engine_arguments(serve)  # --engine onnx|remote|fake
     add_team_arguments(serve)  # --token-file, --metrics-port, queue limits, request logs (TCP only)
     serve.set_defaults(func=_serve)
 

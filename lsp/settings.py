@@ -17,9 +17,20 @@ from typing import Any
 MULTILINE_MODES = ("auto", "always", "never")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 
-# Settings that only take effect when the engine is (re)built, i.e. before the model is loaded.
+# Settings that only take effect when the engine is (re)built, i.e. before the model is loaded: the
+# model options every command shares, by the same names (specls.model_options, EngineSettings)
 ENGINE_FIELDS = frozenset(
-    {"model", "draft", "speculation", "draft_model", "type_ahead", "draft_length", "threads"}
+    {
+        "model",
+        "preset",
+        "draft",
+        "draft_model",
+        "lookup",
+        "speculation",
+        "type_ahead",
+        "draft_length",
+        "threads",
+    }
 )
 
 
@@ -27,17 +38,20 @@ ENGINE_FIELDS = frozenset(
 class ServerSettings:
     """Everything the language server can be told. Defaults are what `specls serve` uses."""
 
-    model: str = ""  # target model dir; "" = the bundled one
-    draft: str = ""  # draft model dir; "" = the bundled one
+    # the target: a model directory, a hub id (ORG/NAME, ORG/NAME-GGUF:Q8_0) or a .gguf file, prepared
+    # into the model cache at load; None (an editor's "") = the bundled one
+    model: str | None = None
+    preset: str | None = None  # a named target + draft pair (specls.models.presets), instead of model
+    draft: str | None = None  # the draft, as model; None = the bundled one with the bundled target
     max_tokens: int = 64  # per completion
     speculation: bool = True  # speculative decoding on/off (off = plain greedy on the target)
     draft_model: bool = True  # use the draft model (off = prompt lookup drafts only)
+    lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
     # typing into a suggestion shows its rest at once (off: each keystroke is decoded again, exact for it)
     type_ahead: bool = True
     # the most tokens one pass drafts; the drafting policy picks each pass's length up to it
     draft_length: int = 12
-    # onnxruntime intra-op threads; 0 = unset: the engine's default, auto (the CPUs less one, 1 to 4:
-    # specls.models.runtime.auto_threads; a second thread pays even on a 2-core CPU)
+    # onnxruntime intra-op threads; 0 = auto (the CPUs less one, 1 to 4: specls.models.runtime.auto_threads)
     threads: int = 0
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
@@ -51,6 +65,10 @@ class ServerSettings:
 
     def changed_engine_fields(self, other: ServerSettings) -> list[str]:
         return sorted(f for f in ENGINE_FIELDS if getattr(self, f) != getattr(other, f))
+
+    def engine_options(self) -> dict[str, Any]:
+        """The engine's settings by their one name, for ``specls.model_options.engine_settings``."""
+        return {f: getattr(self, f) for f in sorted(ENGINE_FIELDS)}
 
 
 def _snake(key: str) -> str:
@@ -95,6 +113,20 @@ def _as_str(value: Any) -> str:
     return value
 
 
+def _as_name(value: Any) -> str | None:
+    """A model or preset name; "" (an editor's empty setting) is None: the bundled model."""
+    return _as_str(value).strip() or None
+
+
+def _as_preset(value: Any) -> str | None:
+    from specls.models.presets import PRESETS
+
+    name = _as_name(value)
+    if name is not None and name not in PRESETS:
+        raise ValueError(f"expected one of {', '.join(PRESETS)}")
+    return name
+
+
 def _as_choice(value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError(f"expected one of {', '.join(choices)}")
@@ -111,7 +143,11 @@ def _as_languages(value: Any) -> tuple[str, ...]:
 
 
 def _convert(name: str, value: Any) -> Any:
-    if name in ("model", "draft", "team_token"):
+    if name in ("model", "draft"):
+        return _as_name(value)
+    if name == "preset":
+        return _as_preset(value)
+    if name == "team_token":
         return _as_str(value)
     if name == "max_tokens":
         return _as_int(value, 1, 1024)
@@ -121,7 +157,7 @@ def _convert(name: str, value: Any) -> Any:
         return _as_int(value, 0, 256)
     if name == "debounce_ms":
         return _as_int(value, 0, 5000)
-    if name in ("speculation", "draft_model", "type_ahead", "line_first"):
+    if name in ("speculation", "draft_model", "lookup", "type_ahead", "line_first"):
         return _as_bool(value)
     if name == "languages":
         return _as_languages(value)

@@ -8,8 +8,9 @@ import argparse
 import json
 import re
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -55,29 +56,16 @@ def _err(message: str) -> None:
 
 
 def register(sub: Any) -> None:
+    from specls.model_options import add_model_arguments
+
     p = sub.add_parser("complete", help="complete a file at a position (prints the completion)")
     p.add_argument("file", type=Path)
     p.add_argument("--line", type=int, required=True, help="0-based line")
     p.add_argument("--character", type=int, required=True, help="0-based character (UTF-16 code units)")
-    p.add_argument("--model", default=None, help="target model dir (default: bundled)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--draft", default=None, help="draft model dir (default: bundled)")
-    g.add_argument("--no-draft", action="store_true", help="no draft model")
-    p.add_argument("--no-lookup", action="store_true", help="no prompt-lookup drafting")
-    p.add_argument("--no-speculation", action="store_true", help="plain greedy decoding (reference)")
+    add_model_arguments(p)  # --model, --preset, --draft, --no-draft, --no-lookup, --threads, ... (one place)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument(
-        "--draft-length",
-        type=int,
-        default=None,
-        help="the most tokens one pass drafts (default 12); the drafting policy picks each pass's "
-        "length up to it",
-    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument(
-        "--threads", type=int, default=None, help="ORT intra-op threads (default: the CPUs less one, 1 to 4)"
-    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--stats", action="store_true", help="speculation summary on stderr")
     p.set_defaults(func=run)
@@ -86,6 +74,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from specls.api import CompletionRequest, EngineError
     from specls.engine import EngineSettings, OnnxEngine, result_to_dict
+    from specls.model_options import engine_settings
 
     path: Path = args.file
     try:
@@ -99,27 +88,13 @@ def run(args: argparse.Namespace) -> int:
     except PositionError as exc:
         _err(f"{path}: {exc}")
         return 2
-    if args.max_tokens < 0 or (args.threads is not None and args.threads < 0) or args.temperature < 0:
-        _err("--max-tokens, --threads and --temperature must not be negative")
+    if args.max_tokens < 0 or args.temperature < 0:
+        _err("--max-tokens and --temperature must not be negative")
         return 2
-    if args.draft_length is not None and args.draft_length < 1:
-        _err("--draft-length must be at least 1 (--no-speculation: no drafting)")
-        return 2
-    base = EngineSettings()
-    settings = EngineSettings(
-        model=args.model,
-        draft=args.draft,
-        draft_model=not args.no_draft,
-        lookup=not args.no_lookup,
-        speculation=not args.no_speculation,
-        draft_length=args.draft_length if args.draft_length is not None else base.draft_length,
-        threads=args.threads or 0,  # 0: auto
-        temperature=args.temperature,
-        seed=args.seed,
-    )
+    settings = engine_settings(vars(args), EngineSettings(temperature=args.temperature, seed=args.seed))
     engine = OnnxEngine(settings)
     try:
-        engine.load()
+        engine.load(PreparingReport(sys.stderr))
     except EngineError as exc:
         _err(str(exc))
         return 2
@@ -146,6 +121,29 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(policy, dict) and policy.get("choices"):
             sys.stderr.write(format_policy(policy) + "\n")
     return 0
+
+
+class PreparingReport:
+    """The load's progress on ``stream`` while a model given by name is prepared (downloaded,
+    converted): a line when the step changes, at most one every ``interval`` seconds within a step.
+    Loading itself is quiet: it takes seconds."""
+
+    def __init__(self, stream: TextIO, interval: float = 5.0) -> None:
+        self.stream = stream
+        self.interval = interval
+        self._stage: str | None = None
+        self._last = -float("inf")
+
+    def __call__(self, message: str, fraction: float) -> None:
+        from specls.models.progress import preparing_stage
+
+        stage = preparing_stage(message)
+        now = time.monotonic()
+        if stage is None or (stage == self._stage and now - self._last < self.interval):
+            return
+        self.stream.write(f"specls: {message}\n")
+        self.stream.flush()
+        self._stage, self._last = stage, now
 
 
 def format_policy(p: dict[str, Any]) -> str:

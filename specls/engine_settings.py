@@ -12,10 +12,17 @@ from specls.prompt import PromptBudget
 @dataclass(frozen=True)
 class EngineSettings:
     """How the in-process engine loads and decodes. Field names are the CLI's and the LSP settings'
-    (``--model``/``model``, ``--no-draft``/``draft_model``, ``--no-speculation``/``speculation``)."""
+    (``--model``/``model``, ``--no-draft``/``draft_model``, ``--no-speculation``/``speculation``;
+    ``specls.model_options`` makes them from the command line)."""
 
-    model: str | None = None  # target model dir; None = the bundled target
-    draft: str | None = None  # draft model dir; None = the bundled draft
+    # the target: a model directory, a hub id or a .gguf file (specls.models.hub, resolved at load);
+    # None = the bundled target
+    model: str | None = None
+    # a named target + draft pair with its conversion settings (specls.models.presets); instead of
+    # model and draft
+    preset: str | None = None
+    # the draft, as model; None = the bundled draft with the bundled target, none with another target
+    draft: str | None = None
     draft_model: bool = True  # draft with the draft model
     lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
     speculation: bool = True  # False = plain greedy reference path (no drafter at all)

@@ -25,6 +25,7 @@ from typing import Any
 from specls.bench import int_list
 from specls.decoder.api import CausalLM, KVCache
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
+from specls.model_options import resolve_threads
 
 OURS = ("plain", "lookup", "draft", "hybrid")
 HF = ("hf-greedy", "hf-assisted", "hf-lookup")
@@ -85,7 +86,9 @@ def register(sub: Any) -> None:
     p.add_argument("--n", type=int, default=BenchOptions.n, help="completion points")
     p.add_argument("--max-tokens", type=int, default=BenchOptions.max_tokens)
     p.add_argument("--seed", type=int, default=BenchOptions.seed)
-    p.add_argument("--threads", type=int, default=BenchOptions.threads, help="ORT and torch threads")
+    p.add_argument(
+        "--threads", type=int, default=BenchOptions.threads, help="ORT and torch threads (0: auto)"
+    )
     p.add_argument("--model", default=None, help="target model dir (default: bundled)")
     p.add_argument("--draft", default=None, help="draft model dir (default: bundled)")
     p.add_argument("--checkpoints", default=None, help="HF checkpoints dir with target/ and draft/")
@@ -108,7 +111,7 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         n=args.n,
         max_tokens=args.max_tokens,
         seed=args.seed,
-        threads=max(1, args.threads),
+        threads=resolve_threads(args.threads),  # 0: auto, as everywhere
         model=args.model,
         draft=args.draft,
         hf=not args.no_hf,
@@ -320,14 +323,16 @@ def run(args: argparse.Namespace) -> int:
 def run_bench(opt: BenchOptions) -> int:
     from specls.api import EngineError
     from specls.engine import EngineSettings, OnnxEngine
+    from specls.model_options import engine_settings
 
     points = make_points(source_files(opt.files), opt.n, opt.seed)
     if not points:
         sys.stderr.write("specls bench decode: no usable source files\n")
         return 2
     # each run measures its own pass costs
-    base = EngineSettings(
-        model=opt.model, draft=opt.draft, threads=opt.threads, lru_size=0, costs_cache=False
+    base = engine_settings(
+        {"model": opt.model, "draft": opt.draft, "threads": opt.threads},
+        EngineSettings(lru_size=0, costs_cache=False),
     )
     hybrid = OnnxEngine(replace(base, completion_reuse=False))
     try:

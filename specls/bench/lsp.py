@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specls import __version__
 from specls.stats import percentile
 
 NAN = float("nan")  # a percentile of nothing
@@ -254,7 +255,7 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
         str(s.max_tokens),
     ]
     cmd += list(s.server)
-    client = LanguageClient("specls-bench", "0.1.0")
+    client = LanguageClient("specls-bench", __version__)
     messages: list[str] = []
 
     @client.feature(types.WINDOW_LOG_MESSAGE)

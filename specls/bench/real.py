@@ -56,6 +56,7 @@ from typing import Any
 
 from specls.bench.decode import Point, hf_greedy, make_points, source_files
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
+from specls.model_options import resolve_threads
 
 logger = logging.getLogger(__name__)
 
@@ -719,7 +720,7 @@ def options_from_args(args: argparse.Namespace) -> RealBenchOptions:
         max_tokens=args.max_tokens,
         tasks=tasks,
         seed=args.seed,
-        threads=max(1, args.threads),
+        threads=resolve_threads(args.threads),  # 0: auto, as everywhere
         hf=args.hf,
         ctx=args.ctx,
         prefix_chars=args.prefix_chars,
@@ -768,6 +769,7 @@ def run_bench(opt: RealBenchOptions) -> int:
 
     from specls.api import EngineError
     from specls.engine import EngineSettings, OnnxEngine
+    from specls.model_options import engine_settings
 
     say = sys.stderr.write
     for f in (opt.gguf_target, opt.gguf_draft):
@@ -781,14 +783,14 @@ def run_bench(opt: RealBenchOptions) -> int:
     if not points:
         say("specls bench real: no usable source files\n")
         return 2
-    base = EngineSettings(
-        model=opt.model,
-        draft=opt.draft,
-        threads=opt.threads,
-        lru_size=0,
-        completion_reuse=False,
-        costs_cache=False,  # each run measures its own pass costs
-        learn_costs=opt.learn_costs,
+    base = engine_settings(
+        {"model": opt.model, "draft": opt.draft, "threads": opt.threads},
+        EngineSettings(
+            lru_size=0,
+            completion_reuse=False,
+            costs_cache=False,  # each run measures its own pass costs
+            learn_costs=opt.learn_costs,
+        ),
     )
     hybrid = OnnxEngine(base)
     t0 = time.perf_counter()

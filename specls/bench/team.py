@@ -35,6 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from specls.model_options import resolve_threads
 from specls.stats import percentile
 
 NAN = float("nan")  # a percentile of nothing
@@ -513,8 +514,10 @@ def _batching_micro(args: argparse.Namespace) -> int:
     from specls.models.runtime import RuntimeSettings
     from specls.team.batching import BatchBenchSettings, format_table, measure_batching
 
+    threads = resolve_threads(args.threads)  # 0: auto, as everywhere
+
     lm = load_model(
-        resolve_model_dir(args.target, "target"), RuntimeSettings(threads=args.threads or 1, provider="cpu")
+        resolve_model_dir(args.target, "target"), RuntimeSettings(threads=threads, provider="cpu")
     )
     for past in (128, 512):
         try:
@@ -522,7 +525,7 @@ def _batching_micro(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"batching micro-benchmark: {exc}")
             return 1
-        print(f"== batched vs sequential target passes (past {past} tokens, {args.threads or 1} thread(s))")
+        print(f"== batched vs sequential target passes (past {past} tokens, {threads} thread(s))")
         print(format_table(rows))
     return 0
 
@@ -533,7 +536,7 @@ def register(sub: Any) -> None:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of typing")
     p.add_argument("--cps", type=float, default=8.0, help="keystrokes per second per client")
     p.add_argument("--engine", choices=("onnx", "fake"), default="onnx")
-    p.add_argument("--threads", type=int, default=0, help="server's onnxruntime threads (0 = default)")
+    p.add_argument("--threads", type=int, default=0, help="server's onnxruntime threads (0 = auto)")
     p.add_argument("--no-load-aware", action="store_true", help="server: no speculation caps under load")
     p.add_argument(
         "--batch", type=int, default=None, help="server's --batch (1 = batching off; default: the server's)"

@@ -22,9 +22,9 @@ from specls.team.service import ConnectionSettings
 log = logging.getLogger(__name__)
 
 
-def add_engine_arguments(p: argparse.ArgumentParser, model_args: bool = True) -> None:
-    """``--engine onnx|remote|fake`` and its options; ``model_args=False`` leaves out the in-process
-    model options (``specls serve`` has its own --model/--draft/--threads)."""
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """``--engine onnx|remote|fake`` and the remote and fake engines' options (the in-process model's
+    options are ``specls.model_options.add_model_arguments``, shared with ``serve`` and ``complete``)."""
     g = p.add_argument_group("engine")
     g.add_argument(
         "--engine",
@@ -33,19 +33,6 @@ def add_engine_arguments(p: argparse.ArgumentParser, model_args: bool = True) ->
         help="onnx: in-process models (default); remote: an OpenAI-compatible server (--remote-url); "
         "fake: a model-free engine for load tests",
     )
-    if model_args:
-        g.add_argument(
-            "--model",
-            "--target",
-            dest="model",
-            default=None,
-            help="target model directory (default: bundled)",
-        )
-        g.add_argument("--draft", default=None, help="draft model directory (default: bundled)")
-        g.add_argument(
-            "--no-draft", "--no-draft-model", dest="no_draft", action="store_true", help="prompt lookup only"
-        )
-        g.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all)")
     g.add_argument("--remote-url", default=None, help="base URL of the remote /v1/completions server")
     g.add_argument("--remote-model", default="", help="model name to request (default: first listed)")
     g.add_argument(
@@ -231,18 +218,10 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         )
     from specls.decoder.batching import BatchSettings
     from specls.engine import EngineSettings, OnnxEngine
+    from specls.model_options import engine_settings
 
-    threads = args.threads or (os.cpu_count() or 1)
-    return OnnxEngine(
-        EngineSettings(
-            model=args.model,
-            draft=args.draft,
-            draft_model=not args.no_draft,
-            threads=threads,
-            kv_documents=args.kv_documents,
-            batching=BatchSettings(max_batch=getattr(args, "batch", 1)),
-        )
-    )
+    base = EngineSettings(kv_documents=args.kv_documents, batching=BatchSettings(max_batch=args.batch))
+    return OnnxEngine(engine_settings(vars(args), base))
 
 
 def _serve_engine(args: argparse.Namespace) -> int:
@@ -316,6 +295,9 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model-name", default="specls", help="the model id /v1/models reports")
     p.add_argument("--max-tokens-limit", type=int, default=512)
+    from specls.model_options import add_model_arguments
+
+    add_model_arguments(p.add_argument_group("model"))  # --model, --preset, --draft, --threads, ...
     add_engine_arguments(p)
     add_team_arguments(p)
     p.set_defaults(func=_serve_engine)
