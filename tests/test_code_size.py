@@ -20,7 +20,6 @@ CHECKED = sorted(
 
 def oversized(source: str) -> list[str]:
     """Classes and functions over the limits, as ``kind name lines``."""
-    """
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
