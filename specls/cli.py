@@ -14,7 +14,7 @@ _COMMAND_MODULES = (
     "specls.models.cli",  # export, train, eval
     "specls.models_cmd",  # models [list|pull|rm]
     "specls.complete_cmd",  # complete
-    "specls.bench",  # bench [decode|lsp|team|gpu|real|quant]
+    "specls.bench",  # bench [decode|lsp|real|team]
     "specls.lsp.cli",  # serve, stats
     "specls.team.cli",  # serve-engine
 )

@@ -78,7 +78,7 @@ def default_budget(max_context: int, family: str, order: str | None, file_sep: b
     suffix gets 3W/16 in SPM but W/32 in PSM, and the prefix the rest. PSM puts the suffix after the
     cursor's tokens, so every keystroke prefills it again: a shorter PSM suffix window re-prefills
     less per keystroke but matches fewer lines exactly, and SPM order matches far fewer on a model not
-    trained on it (``specls bench fim``), so PSM keeps its order with the middle window. Prefix-only
+    trained on it (``python -m bench.lab.fim``), so PSM keeps its order with the middle window. Prefix-only
     prompts still cut a 3W/16 suffix window for lookup drafting (it costs no prefill).
 
     >>> def parts(b: PromptBudget) -> tuple[int, int, int]:

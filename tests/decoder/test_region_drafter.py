@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pytest
@@ -133,15 +131,8 @@ class TinyCache(KVCache):
 
 
 def _long(max_new_tokens: int, k: int) -> DecodeSettings:
-    """Settings that let every pass draft ``k`` tokens. DecodeSettings is being reshaped (issue 37:
-    ``gamma``/``gamma_min``/``gamma_max``/``adaptive_gamma`` -> ``draft_length``); either shape works
-    here until that lands, then this is ``DecodeSettings(max_new_tokens=..., draft_length=k)``."""
-    kw: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-    if "draft_length" in {f.name for f in dataclasses.fields(DecodeSettings)}:
-        kw["draft_length"] = k
-    else:
-        kw.update(gamma=k, gamma_min=k, gamma_max=k, adaptive_gamma=False)
-    return DecodeSettings(**kw)
+    """Settings that let every pass draft ``k`` tokens."""
+    return DecodeSettings(max_new_tokens=max_new_tokens, draft_length=k)
 
 
 LONG = _long(120, 48)
