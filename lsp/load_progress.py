@@ -1,5 +1,7 @@
 """``LoadProgress``: the model load shown in one client as LSP work done progress, when the client
-supports it and the model is still to load."""
+supports it and the model is still to load. A model given by name is prepared first: the messages are
+then the preparing stage's status ("downloading 43%", "converting: quantizing"; ``specls.loading``),
+each sent once (a download reports every chunk; the percentage shown moves by whole numbers)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class LoadProgress:
         self.closed = False  # the session is gone: nothing more is sent
         self._loop: asyncio.AbstractEventLoop | None = None
         self._token: str | None = None
+        self._last: tuple[str, int] | None = None  # the last (message, percentage) sent
 
     async def begin(self, loading: bool) -> Callable[[str, float], None] | None:
         """Start the progress in the client (``loading``: the model is not loaded yet). Returns the
@@ -49,6 +52,9 @@ class LoadProgress:
         if loop is None or token is None or self.closed:
             return
         pct = int(max(0.0, min(1.0, fraction)) * 100)
+        if (message, pct) == self._last:
+            return
+        self._last = (message, pct)
         value = types.WorkDoneProgressReport(message=message, percentage=pct)
         post_to_loop(loop, self._send, token, value)
 

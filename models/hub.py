@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specls.models.conversion import ConversionError, convert, convert_in_child
 from specls.models.model_store import ConvertSettings, EntryKey, ModelStore
-from specls.models.progress import Progress, export_progress, no_progress
+from specls.models.progress import Progress, no_progress
 
 from specls.api import EngineError
 
@@ -101,9 +102,12 @@ def resolve_model(
     settings: ConvertSettings | None = None,
     progress: Progress = no_progress,
     store: ModelStore | None = None,
+    isolated: bool = False,
 ) -> Path:
     """A loadable model directory for ``spec`` (see the module docstring), downloading and converting
-    into the cache when needed. Raises HubError (an EngineError) with one clear message."""
+    into the cache when needed. ``isolated``: convert in a child process (``specls.models.conversion``:
+    nothing printed on this process's stdout, the memory back afterwards). Raises HubError (an
+    EngineError) with one clear message."""
     settings = settings or ConvertSettings()
     store = store or ModelStore()
     text = spec.strip()
@@ -113,23 +117,29 @@ def resolve_model(
     if path.suffix.lower() == ".gguf" and (path.exists() or _HUB_ID.match(text) is None):
         if not path.is_file():
             raise HubError(f"{path}: no such GGUF file")
-        return _resolve_local_gguf(path.resolve(), settings, progress, store)
+        return _resolve_local_gguf(path.resolve(), settings, progress, store, isolated)
     if path.exists() or text.startswith((".", "/", "~")):
         raise HubError(f"{text}: not a model directory or a .gguf file")
-    return _resolve_hub(parse_spec(text), settings, progress, store)
+    return _resolve_hub(parse_spec(text), settings, progress, store, isolated)
 
 
-def _resolve_local_gguf(path: Path, settings: ConvertSettings, progress: Progress, store: ModelStore) -> Path:
+def _resolve_local_gguf(
+    path: Path, settings: ConvertSettings, progress: Progress, store: ModelStore, isolated: bool
+) -> Path:
     st = path.stat()
     key = EntryKey(f"file:{path}", f"{st.st_size}-{st.st_mtime_ns}", settings)
     entry = store.get(key)
     if entry is not None:
         progress("ready", 1.0, entry.id)
         return entry.path
-    return _convert_into(store, key, str(path), str(path), key.revision, settings, progress, gguf=True)
+    return _convert_into(
+        store, key, str(path), str(path), key.revision, settings, progress, gguf=True, isolated=isolated
+    )
 
 
-def _resolve_hub(hub: HubSpec, settings: ConvertSettings, progress: Progress, store: ModelStore) -> Path:
+def _resolve_hub(
+    hub: HubSpec, settings: ConvertSettings, progress: Progress, store: ModelStore, isolated: bool
+) -> Path:
     if hub.revision is not None and _COMMIT.match(hub.revision):
         cached = store.find(hub.requested, hub.revision, settings)
         if cached:  # a commit never changes: no need to ask the hub
@@ -156,7 +166,7 @@ def _resolve_hub(hub: HubSpec, settings: ConvertSettings, progress: Progress, st
         return entry.path
     local = _download(hub, commit, gguf_file, progress)
     return _convert_into(
-        store, key, hub.requested, local, hub.ref, settings, progress, gguf=gguf_file is not None
+        store, key, hub.requested, local, hub.ref, settings, progress, gguf_file is not None, isolated
     )
 
 
@@ -356,6 +366,7 @@ def _convert_into(
     settings: ConvertSettings,
     progress: Progress,
     gguf: bool,
+    isolated: bool,
 ) -> Path:
     missing = missing_export_modules(gguf)
     if missing:
@@ -363,26 +374,15 @@ def _convert_into(
             f"{requested}: converting it to ONNX needs the export tools ({', '.join(missing)} not installed): "
             f"{INSTALL_EXPORT}"
         )
-    from specls.models.export import ExportOptions, export_model
-
-    options = ExportOptions(
-        dtype=settings.dtype,
-        quantize=settings.quantize,
-        draft_head=settings.draft_head,
-        fim_family=settings.fim_family,
-        trust_remote_code=settings.trust_remote_code,
-    )
     progress("converting", 0.0, requested)
     with store.build(key, requested, ref) as out:
         try:
-            export_model(source, out, options, progress=export_progress(progress))
-        except EngineError as exc:
+            if isolated:
+                convert_in_child(source, out, settings, progress, store.log_path(key))
+            else:
+                convert(source, out, settings, progress)
+        except ConversionError as exc:
             raise HubError(f"{requested}: conversion failed, nothing was cached: {exc}") from None
-        except Exception as exc:  # transformers/torch on a corrupt or foreign checkpoint: no traceback
-            log.debug("conversion of %s failed", requested, exc_info=True)
-            raise HubError(
-                f"{requested}: conversion failed, nothing was cached ({type(exc).__name__}: {_first_line(exc)})"
-            ) from None
     entry = store.get(key)
     if entry is None:  # renamed into place by build(): only a concurrent rm gets here
         raise HubError(f"{requested}: the converted model vanished from {store.root}")

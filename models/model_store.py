@@ -8,7 +8,8 @@ Each entry is a directory ``<root>/<ID>`` that ``--model DIR`` loads as is, plus
 (source, revision, settings, size, when made). It is built in ``<root>/.build-<ID>-<pid>-<token>`` and
 renamed into place only once complete: a failed or interrupted conversion never leaves a loadable
 entry. A failure is remembered in ``<root>/.failed/<ID>.json`` and an interrupted build by its left-over
-directory; the next build of the same entry removes both and logs why it starts again.
+directory; the next build of the same entry removes both and logs why it starts again. A conversion run
+in a child process (a language server's) writes its output to ``<root>/.logs/<ID>.log``.
 
 >>> key = EntryKey("hf:Qwen/Qwen2.5-Coder-0.5B", "a" * 40, ConvertSettings(draft_head="ascii"))
 >>> key.entry_id()
@@ -44,6 +45,7 @@ MANIFEST_FILE = "manifest.json"
 STORE_FORMAT = 1  # bumped when an entry's layout changes: old entries are then not found by key
 _BUILD_PREFIX = ".build-"
 _FAILED_DIR = ".failed"
+_LOGS_DIR = ".logs"
 
 
 class StoreError(EngineError):
@@ -252,6 +254,10 @@ class ModelStore:
         except OSError as exc:
             raise StoreError(f"{entry.path}: cannot remove ({exc})") from None
         return entry
+
+    def log_path(self, key: EntryKey) -> Path:
+        """Where the output of ``key``'s conversion in a child process goes (the last attempt's)."""
+        return self.root / _LOGS_DIR / f"{key.entry_id()}.log"
 
     def _failure_file(self, entry_id: str) -> Path:
         return self.root / _FAILED_DIR / f"{entry_id}.json"

@@ -12,6 +12,10 @@ protocol.
 [('downloading', 0.5, 'model.safetensors')]
 >>> describe("converting", 0.25, "quantizing")
 'converting 25%: quantizing'
+>>> status_text("downloading", 0.434, "model.safetensors"), status_text("converting", 0.7, "quantizing")
+('downloading 43%', 'converting: quantizing')
+>>> preparing_stage("downloading 43%"), preparing_stage("loading target model")
+('downloading', None)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Protocol, TextIO
 # resolving: asking the hub which commit and files; downloading: bytes of the files; converting: the
 # export (torch -> ONNX, verify, quantize); ready: the model directory is in the cache
 STAGES = ("resolving", "downloading", "converting", "ready")
+PREPARING = STAGES[:3]  # the stages of a model being prepared (not yet in the cache)
 
 
 class Progress(Protocol):
@@ -40,6 +45,22 @@ def describe(stage: str, fraction: float, message: str = "") -> str:
     """One line for a report, as editors and logs show it ("downloading 43%: model.safetensors")."""
     text = f"{stage} {100 * max(0.0, min(1.0, fraction)):.0f}%"
     return f"{text}: {message}" if message else text
+
+
+def status_text(stage: str, fraction: float, message: str = "") -> str:
+    """The few words a status line shows (an editor's status bar, ``/healthz``): the download's
+    percentage ("downloading 43%"), the conversion's step ("converting: quantizing")."""
+    if stage == "downloading":
+        return f"downloading {100 * max(0.0, min(1.0, fraction)):.0f}%"
+    if stage in ("converting", "ready"):
+        return f"{stage}: {message}" if message else stage
+    return f"{stage} {message}".strip()
+
+
+def preparing_stage(text: str) -> str | None:
+    """The stage in PREPARING a ``status_text`` line is at, or None for any other message (loading)."""
+    word = text.split(" ", 1)[0].rstrip(":")
+    return word if word in PREPARING else None
 
 
 class RecordingProgress:
@@ -112,6 +133,7 @@ def export_progress(progress: Progress) -> Callable[[str, float], None]:
 
 
 __all__ = [
+    "PREPARING",
     "STAGES",
     "ConsoleProgress",
     "Progress",
@@ -119,4 +141,6 @@ __all__ = [
     "describe",
     "export_progress",
     "no_progress",
+    "preparing_stage",
+    "status_text",
 ]

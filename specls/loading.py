@@ -1,6 +1,12 @@
-"""Loading the engine's models: the target (and draft) model from disk, the model's prompt facts, and
-the drafting policy's pass costs (measured at load by ``calibrate``, or read from the per-machine
-cache, ``specls.pass_costs_cache``)."""
+"""Loading the engine's models: preparing a model given by name (a hub id, a preset or a .gguf file:
+downloaded and converted once into the model cache, ``specls.models.hub``), the target (and draft)
+model from disk, the model's prompt facts, and the drafting policy's pass costs (measured at load by
+``calibrate``, or read from the per-machine cache, ``specls.pass_costs_cache``).
+
+Progress goes to the load's one callback, ``say(message, fraction)``: while a model is prepared the
+message is the stage's status line ("downloading 43%", "converting: quantizing";
+``specls.models.progress.status_text``), which the LSP server forwards to the editor as ``$/progress``
+and the team service shows on ``/healthz``."""
 
 from __future__ import annotations
 
@@ -22,11 +28,18 @@ from specls.pass_costs_cache import PassCostsCache, costs_key, default_path, mac
 from specls.prompt import FimTokens, PromptBudget, TextTokenizer
 
 if TYPE_CHECKING:  # the runtime's modules load onnxruntime: imported when a load needs them
+    from specls.models.model_store import ConvertSettings
     from specls.models.runtime import OnnxCausalLM, RuntimeSettings
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, float], None]  # (message, fraction done)
+
+# the share of the load's progress that preparing models by name takes (downloads and conversions take
+# minutes, opening the files seconds)
+PREPARE_SHARE = 0.5
+# within one model's preparation: the download's share (the conversion the rest)
+_DOWNLOAD_SHARE = 0.4
 
 
 @dataclass
@@ -98,10 +111,86 @@ def load_models(settings: EngineSettings, say: Progress) -> LoadedModels:
     return models
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """One model the settings name: ``spec`` for ``resolve_model`` (None: the bundled one) and how to
+    convert it when it is given by name."""
+
+    role: str  # "target" | "draft"
+    spec: str | None
+    convert: ConvertSettings
+
+
+def model_sources(settings: EngineSettings) -> tuple[ModelSource, ModelSource | None]:
+    """The target and the draft (None: no draft model) the settings name, a preset's included. Raises
+    EngineError for a preset together with a model or draft."""
+    from specls.models.model_store import ConvertSettings
+    from specls.models.presets import get_preset
+
+    s = settings
+    wants_draft = s.speculation and s.draft_model
+    if s.preset is not None:
+        if s.model is not None or s.draft is not None:
+            raise EngineError(
+                f"preset {s.preset}: names its target and draft; give a preset or a model, not both"
+            )
+        preset = get_preset(s.preset)
+        target = ModelSource("target", preset.target.spec, preset.target.settings)
+        pd = preset.draft
+        return target, ModelSource("draft", pd.spec, pd.settings) if pd is not None and wants_draft else None
+    target = ModelSource("target", s.model, ConvertSettings())
+    # a draft must share the target's tokenizer: the bundled draft only drafts for the bundled target;
+    # a draft by name gets the draft's reduced LM head (as `specls export --draft-head ascii`)
+    if wants_draft and (s.draft is not None or s.model is None):
+        return target, ModelSource("draft", s.draft, ConvertSettings(draft_head="ascii"))
+    return target, None
+
+
+def _named(source: ModelSource | None) -> bool:
+    """Whether ``source`` is given by name (may need downloading or converting), not as a directory."""
+    return source is not None and source.spec is not None and not Path(source.spec).expanduser().is_dir()
+
+
+def prepare_models(settings: EngineSettings, say: Progress) -> tuple[Path, Path | None]:
+    """The directories of the target and the draft (None: no draft model), models given by name
+    downloaded and converted into the model cache first (in a child process), with their progress
+    in the first ``PREPARE_SHARE`` of the load's. Raises EngineError."""
+    from specls.models.hub import resolve_model
+    from specls.models.loader import resolve_model_dir
+
+    sources = [src for src in model_sources(settings) if src is not None]
+    named = [src for src in sources if _named(src)]
+    dirs: dict[str, Path] = {}
+    for src in sources:
+        if src not in named:
+            dirs[src.role] = resolve_model_dir(src.spec, src.role)
+            continue
+        i = named.index(src)
+        lo, hi = PREPARE_SHARE * i / len(named), PREPARE_SHARE * (i + 1) / len(named)
+        assert src.spec is not None
+        dirs[src.role] = resolve_model(
+            src.spec, settings=src.convert, progress=_preparing(say, lo, hi), isolated=True
+        )
+    return dirs["target"], dirs.get("draft")
+
+
+def _preparing(say: Progress, lo: float, hi: float) -> Callable[[str, float, str], None]:
+    """A ``specls.models.progress.Progress`` reporting to ``say`` within [lo, hi] of the load."""
+    from specls.models.progress import status_text
+
+    def report(stage: str, fraction: float, message: str = "") -> None:
+        done = {"resolving": 0.0, "downloading": _DOWNLOAD_SHARE * fraction, "ready": 1.0}.get(
+            stage, _DOWNLOAD_SHARE + (1 - _DOWNLOAD_SHARE) * fraction
+        )
+        say(status_text(stage, fraction, message), lo + (hi - lo) * max(0.0, min(1.0, done)))
+
+    return report
+
+
 def _open(settings: EngineSettings, say: Progress) -> _Opened:
     """The target model and, when it drafts, the draft model, loaded with the settings' runtime."""
     try:
-        from specls.models.loader import check_pair, load_model, resolve_model_dir
+        from specls.models.loader import check_pair, load_model
         from specls.models.runtime import RuntimeSettings, auto_threads
     except ImportError as exc:  # pragma: no cover - an incomplete install
         raise EngineError(f"the model runtime is not available: {exc}") from exc
@@ -109,16 +198,19 @@ def _open(settings: EngineSettings, say: Progress) -> _Opened:
     threads = s.threads if s.threads > 0 else auto_threads()
     logger.info("onnxruntime threads: %d%s", threads, "" if s.threads > 0 else " (auto)")
     runtime = RuntimeSettings(threads=threads, provider=s.provider)
+    named = any(_named(src) for src in model_sources(s))
+    base = PREPARE_SHARE if named else 0.0
+
+    def loading(message: str, fraction: float) -> None:
+        say(message, base + (1 - base) * fraction)
+
     try:
-        say("loading target model", 0.05)
-        target_dir = resolve_model_dir(s.model, "target")
+        target_dir, draft_dir = prepare_models(s, say)
+        loading("loading target model", 0.05)
         target = load_model(target_dir, runtime)
         draft = None
-        draft_dir = None
-        # a draft must share the target's tokenizer: the bundled draft only drafts for the bundled target
-        if s.speculation and s.draft_model and (s.draft is not None or s.model is None):
-            say("loading draft model", 0.6)
-            draft_dir = resolve_model_dir(s.draft, "draft")
+        if draft_dir is not None:
+            loading("loading draft model", 0.6)
             # its numbers move acceptance only, so it skips the target's exactness padding
             draft = load_model(draft_dir, replace(runtime, even_passes=False))
             check_pair(target, draft)

@@ -225,8 +225,20 @@ class TeamService:
         """The engine cannot load: /healthz answers 503 "failed: ..." (the server then exits)."""
         self._load_error = error or "unknown error"
 
+    def _loading_state(self) -> str:
+        """ "preparing" while a model given by name is downloaded or converted, else "loading"."""
+        from specls.models.progress import preparing_stage
+
+        return "preparing" if preparing_stage(self._load_message) else "loading"
+
     def load_status(self) -> dict[str, object]:
-        state = "failed" if self._load_error is not None else "ready" if self.scheduler.ready else "loading"
+        state = (
+            "failed"
+            if self._load_error is not None
+            else "ready"
+            if self.scheduler.ready
+            else self._loading_state()
+        )
         out: dict[str, object] = {"state": state, "message": self._load_message}
         if self._load_error is not None:
             out["error"] = self._load_error
@@ -266,7 +278,8 @@ class TeamService:
         if self._load_error is not None:
             return False, f"failed: {self._load_error}"
         if not self.scheduler.ready:
-            return False, f"loading: {self._load_message}" if self._load_message else "loading"
+            state = self._loading_state()  # "preparing: downloading 43%", "loading: loading target model"
+            return False, f"{state}: {self._load_message}" if self._load_message else state
         return True, f"ok clients={self.scheduler.active_clients} queue={self.scheduler.queue_depth()}"
 
     def start_metrics(self) -> MetricsServer | None:

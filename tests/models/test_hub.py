@@ -222,3 +222,32 @@ def test_without_the_export_extra_the_message_names_the_install(
 def test_parse_spec() -> None:
     assert parse_spec("org/x-GGUF:x-q8_0.gguf@" + "a" * 40).tag == "x-q8_0.gguf"
     assert parse_spec("org/x").ref == "main"
+
+
+def test_conversion_in_a_child_process_logs_to_the_cache(
+    tmp_path: Path, store: ModelStore, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """What a language server over stdio uses: nothing on this process's stdout, the child's output
+    in the cache's log, its progress passed up."""
+    gguf = write_tiny_gguf(tmp_path / "child.gguf", "qwen2", QWEN_PARTIAL_FIM, seed=3).path
+    seen: list[tuple[str, float, str]] = []
+    path = resolve_model(str(gguf), store=store, progress=RecordingProgress(seen), isolated=True)
+    assert capfd.readouterr().out == ""
+    assert load_model(path).vocab_size == 300
+    converting = [(f, m) for s, f, m in seen if s == "converting"]
+    assert any(0 < f < 1 for f, _ in converting) and any("tracing" in m for _, m in converting)
+    assert seen[-1][0] == "ready"
+    st = gguf.resolve().stat()
+    key = EntryKey(f"file:{gguf.resolve()}", f"{st.st_size}-{st.st_mtime_ns}", ConvertSettings())
+    assert store.log_path(key).is_file()
+
+
+def test_a_failed_conversion_in_a_child_names_its_log(hub: HubServer, store: ModelStore) -> None:
+    with pytest.raises(
+        HubError, match=r"org/broken: conversion failed, nothing was cached: .*\(log: "
+    ) as err:
+        resolve_model("org/broken", store=store, settings=ConvertSettings(quantize="none"), isolated=True)
+    assert "Traceback" not in str(err.value)
+    assert not any(p.name.startswith(".build-") for p in store.root.iterdir())
+    key = EntryKey("hf:org/broken", hub.repos["org/broken"].commit, ConvertSettings(quantize="none"))
+    assert "Traceback" in store.log_path(key).read_text()  # the details are in the log
