@@ -26,6 +26,7 @@ from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, poin
 from specls.decoder.ngram import LookupMatch
 from specls.decoder.pass_cost_learner import PassCostLearner, pass_rows
 from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
+from specls.decoder.region_drafter import RegionDrafter
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class PolicyState:
         default_factory=lambda: AcceptanceByPosition(prior=(0.3, 0.5, 0.5))
     )
     model: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.6,)))
+    # The region's continuation in a next edit (``RegionDrafter``): free to propose like lookup, and
+    # the output copies the region but for the edit, so long proposals are mostly right. Prior 0.9.
+    region: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.9,)))
     length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
     # The same for requests that end at a text stop (the end of the line, a line-first answer), kept
     # apart: in one figure, long completions made short ones start the draft model, whose catch-up
@@ -105,6 +109,7 @@ class PolicyState:
                 "lookup_accept_after_hit": [round(x, 3) for x in self.lookup_hot.rates(4)],
                 "lookup_accept_one_token_match": [round(x, 3) for x in self.lookup_guess.rates(4)],
                 "model_accept": [round(x, 3) for x in self.model.rates(4)],
+                "region_accept": [round(x, 3) for x in self.region.rates(4)],
                 "mean_length": round(self.length, 1),
                 "mean_length_to_stop": round(self.stop_length, 1),
                 "unmatched_share": round(self.unmatched, 3),
@@ -124,16 +129,26 @@ def _plan_name(plan: Plan) -> str:
 
 
 class PlannedDrafter(Drafter):
-    """Lookup and/or draft model, chosen per pass by ``plan_pass``. ``k`` from the loop is the cap."""
+    """Lookup and/or draft model, chosen per pass by ``plan_pass``. ``k`` from the loop is the cap.
+
+    ``region`` (a next edit): the region's continuation is offered before the lookup match, as free
+    point-mass tokens priced by its own acceptance (``PolicyState.region``); where it has none (the
+    output left the region and has not realigned) the lookup match is offered."""
 
     name = "policy"
 
     def __init__(
-        self, lookup: PromptLookupDrafter | None, model: DraftModelDrafter | None, state: PolicyState
+        self,
+        lookup: PromptLookupDrafter | None,
+        model: DraftModelDrafter | None,
+        state: PolicyState,
+        region: RegionDrafter | None = None,
     ) -> None:
         self.lookup = lookup
         self.model = model
         self.state = state
+        self.region = region
+        self._head = PromptLookupDrafter.name  # the source of the last proposal's point-mass tokens
         self._max_new = DecodeSettings().max_new_tokens
         self._start: int | None = None  # context length at the first proposal: the prompt
         self._generated = 0
@@ -154,6 +169,8 @@ class PlannedDrafter(Drafter):
         self._hot = False
         if self.model is not None:  # lookup keeps no per-request state
             self.model.begin(settings)
+        if self.region is not None:
+            self.region.begin(settings)
 
     def end(self) -> None:
         """The request is over: its length teaches the policy what "remaining" usually is."""
@@ -168,6 +185,8 @@ class PlannedDrafter(Drafter):
             self._start = len(context)
         self._generated = len(context) - self._start
         expected = max(self.state.usual_length(self.stopped), 2.0 * self._generated)
+        if self.region is not None:  # a rewrite is about as long as the region it rewrites
+            expected = max(expected, float(len(self.region.region)))
         return max(1, min(self._max_new - self._generated, round(expected) - self._generated))
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
@@ -175,13 +194,12 @@ class PlannedDrafter(Drafter):
         if k <= 0 or not context:
             return []
         remaining = self._remaining(context)
-        match = self.lookup.match(context, k) if self.lookup is not None else None
-        offered = len(match.tokens[:k]) if match is not None else 0
+        free, table = self._free_tokens(context, k)
         with self.state.lock:
-            self._table = self._lookup_table(match)
+            self._table = table
             plan = plan_pass(
-                offered,
-                self._table.rates(k),
+                len(free),
+                table.rates(k),
                 self.state.model.rates(k) if self.model is not None else None,
                 self.state.costs,
                 g_max=k,
@@ -190,15 +208,13 @@ class PlannedDrafter(Drafter):
                 model_share=self.state.usual_unmatched(self.stopped),
             )
             self.state.choices[_plan_name(plan)] += 1
-        tokens = list(match.tokens[: plan.lookup]) if match is not None else []
+        tokens = free[: plan.lookup]
         model_q: np.ndarray | None = None
         if plan.model > 0 and self.model is not None:
             tokens += self.model.propose([*context, *tokens], plan.model)
             model_q = self.model.proposal_probs()
         n_lookup = plan.lookup
-        self._sources = [PromptLookupDrafter.name] * n_lookup + [DraftModelDrafter.name] * (
-            len(tokens) - n_lookup
-        )
+        self._sources = [self._head] * n_lookup + [DraftModelDrafter.name] * (len(tokens) - n_lookup)
         self._q = point_masses_then(tokens, n_lookup, model_q)
         return tokens
 
@@ -206,18 +222,31 @@ class PlannedDrafter(Drafter):
         # the pass's tokens count now (the last pass of a request has no next proposal to count them)
         self._generated = min(self._max_new, self._generated + n_accepted + 1)
         verified = self._sources[:n_verified]  # the tokens past a stop were not verified: no evidence
-        n_lookup = verified.count(PromptLookupDrafter.name)
+        n_lookup = verified.count(self._head)
         n_model = len(verified) - n_lookup
         with self.state.lock:
             if n_lookup and self._table is not None:
                 self._table.observe(n_lookup, min(n_accepted, n_lookup))
             if n_model and n_accepted >= n_lookup:  # the model's tokens were reached
                 self.state.model.observe(n_model, n_accepted - n_lookup)
-        if n_lookup:
+        if n_lookup and self._head == PromptLookupDrafter.name:
             self._hot = n_accepted >= n_lookup
+        if n_lookup:
             self._copied += min(n_accepted, n_lookup)
         if self.model is not None and n_model:
             self.model.observe(max(0, n_accepted - n_lookup), n_model)
+
+    def _free_tokens(self, context: Sequence[int], k: int) -> tuple[list[int], AcceptanceByPosition]:
+        """The point-mass tokens on offer this pass (the region's, else the lookup match's) and the
+        table that prices them; their source in ``_head``."""
+        if self.region is not None:
+            tokens = self.region.propose(context, k)
+            if tokens:
+                self._head = RegionDrafter.name
+                return tokens[:k], self.state.region
+        match = self.lookup.match(context, k) if self.lookup is not None else None
+        self._head = PromptLookupDrafter.name
+        return (list(match.tokens[:k]) if match is not None else []), self._lookup_table(match)
 
     def _lookup_table(self, match: LookupMatch | None) -> AcceptanceByPosition:
         """The acceptance that prices this match: a one-token match's own, else after a hit or not."""

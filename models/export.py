@@ -35,6 +35,7 @@ from specls.models.tokenizer import Tokenizer
 
 from specls.api import EngineError
 from specls.memory import release_freed_memory
+from specls.next_edit.layouts import layout_for_model
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +68,8 @@ class ExportOptions:
     fp16_tolerance: float = 0.5
     trust_remote_code: bool = False
     fim_family: str | None = None  # None = detect from the tokenizer's vocab; "none" = prefix-only
+    # specls.json's next_edit_layout (specls.next_edit.layouts); None = by the source's name
+    next_edit_layout: str | None = None
     attn_implementation: str = "sdpa"  # what transformers traces ("sdpa" | "eager")
     # ONNX Runtime op fusions through transformers' own exporter (GroupQueryAttention, RotaryEmbedding,
     # SkipSimplifiedLayerNormalization; batch fixed to 1): "auto" = "cpu" for fp32, "cuda" for fp16;
@@ -631,6 +634,7 @@ def _make_spec(
         max_context=int(getattr(tc, "max_position_embeddings", None) or 4096),
         bos_token_id=bos if isinstance(bos, int) and 0 <= bos < vocab else None,
         source=source,
+        next_edit_layout=options.next_edit_layout or layout_for_model(source),
     )
 
 

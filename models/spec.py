@@ -73,6 +73,9 @@ class ModelSpec:
     # sorted token ids the graph's logits cover ([batch, new, len(ids)]); the runtime scatters them
     # into the vocabulary and fills the rest with HEAD_FILL (models.head)
     head_ids_file: str | None = None
+    # the prompt layout of next-edit suggestions (specls.next_edit.layouts), written at export from the
+    # source's name; None (an older export): the engine picks by the source's name
+    next_edit_layout: str | None = None
 
     @property
     def uses_position_ids(self) -> bool:
@@ -119,6 +122,7 @@ class ModelSpec:
             "batch_onnx_file": self.batch_onnx_file,
             "shared_kv_buffer": self.shared_kv_buffer,
             "head_ids_file": self.head_ids_file,
+            "next_edit_layout": self.next_edit_layout,
         }
 
     def write(self, model_dir: Path) -> Path:
@@ -213,6 +217,7 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
     if not isinstance(shared_kv, bool):
         raise _err(path, f"field 'shared_kv_buffer' must be true or false, got {shared_kv!r}")
     source = d.get("source", "")
+    layout = _next_edit_layout(d.get("next_edit_layout"), path)
     spec = ModelSpec(
         format_version=version,
         model_type=f.get_str("model_type"),
@@ -240,9 +245,21 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
         batch_onnx_file=batch_file,
         shared_kv_buffer=shared_kv,
         head_ids_file=head_file,
+        next_edit_layout=layout,
     )
     _check_names(spec, path)
     return spec
+
+
+def _next_edit_layout(value: object, path: Path) -> str | None:
+    """A known layout's name, or None; an unknown one is an error naming the known ones."""
+    from specls.next_edit.layouts import LAYOUTS
+
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in LAYOUTS:
+        raise _err(path, f"field 'next_edit_layout' must be one of {sorted(LAYOUTS)}, got {value!r}")
+    return value
 
 
 def _input_names(f: _Fields) -> tuple[str, ...]:

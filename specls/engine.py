@@ -36,7 +36,6 @@ from specls.api import (
     EngineError,
     NextEditRequest,
     NextEditResult,
-    no_next_edit,
 )
 from specls.completion_cache import FINISHED, CacheHit, CompletionCache
 from specls.decoder.api import CancelCheck, DecodeResult, DecodeSettings, Drafter, KVCache, never_cancelled
@@ -50,6 +49,8 @@ from specls.engine_batching import EngineBatching
 from specls.engine_settings import EngineSettings
 from specls.engine_stats import EngineCounters
 from specls.loading import LoadedModels, Progress, load_models
+from specls.next_edit.engine_path import EditPath
+from specls.next_edit.settings import NextEditSettings
 from specls.prompt import DocumentEncoder, Prompt, PromptBuilder, visible_text
 from specls.type_ahead import type_ahead_answer
 
@@ -61,8 +62,15 @@ __all__ = ["EngineSettings", "LoadedModels", "OnnxEngine", "result_to_dict"]
 class OnnxEngine:
     """The in-process Engine (see the module docstring)."""
 
-    def __init__(self, settings: EngineSettings, models: LoadedModels | None = None) -> None:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        models: LoadedModels | None = None,
+        next_edit: NextEditSettings | None = None,
+    ) -> None:
         self.settings = settings
+        self.next_edit_settings = next_edit or NextEditSettings()
+        self._edits: EditPath | None = None  # the next-edit path, made on its first request
         self._models = models
         self._run_lock = threading.Lock()  # one complete() at a time (without batching)
         self._prep_lock = threading.Lock()  # index updates and prompt building
@@ -112,6 +120,8 @@ class OnnxEngine:
 
     def close_document(self, doc_id: str) -> None:
         self._docs.close(doc_id)
+        if self._edits is not None:
+            self._edits.close_document(doc_id)
 
     def flush(self) -> None:
         """Index every pending document update now (``complete`` defers big re-indexing of a buffer
@@ -328,8 +338,20 @@ class OnnxEngine:
     # -- next edits ------------------------------------------------------------------------------
 
     def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
-        """The region around the cursor rewritten by the model, as edits (docs/next-edit.md)."""
-        return no_next_edit(request, "empty", provider=self.models.provider)
+        """The region around the cursor rewritten by the model, as edits (docs/next-edit.md;
+        ``specls.next_edit.engine_path``). Serialised with completions: they share the target."""
+        models = self.models
+        with self._run_lock:
+            with self._prep_lock:
+                self._flush_pending()
+            if self._edits is None:
+                self._edits = EditPath(self.settings, self.next_edit_settings, models)
+            return self._edits.run(request, self._docs.buffers, cancelled)
+
+    @property
+    def edits(self) -> EditPath | None:
+        """The next-edit path (None before the first request): its last prompt and tokens, counters."""
+        return self._edits
 
     # -- stats -----------------------------------------------------------------------------------
 
@@ -343,6 +365,7 @@ class OnnxEngine:
             "provider": None if models is None else models.provider,
             "ready": models is not None,
             "drafting_policy": None if models is None else policy_state(self.settings, models).snapshot(),
+            "next_edit": None if self._edits is None else self._edits.snapshot(),
             "batching": (
                 self._batching.snapshot()
                 if self._batching is not None
@@ -352,7 +375,7 @@ class OnnxEngine:
 
     def with_settings(self, settings: EngineSettings) -> OnnxEngine:
         """A new engine sharing this one's loaded models (documents, caches and stats are its own)."""
-        return OnnxEngine(settings, self.models)
+        return OnnxEngine(settings, self.models, self.next_edit_settings)
 
 
 def result_to_dict(result: CompletionResult) -> dict[str, Any]:

@@ -99,6 +99,15 @@ class EditLayout(ABC):
         """The rewritten region from the output's text before its end."""
         return body
 
+    def body_end(self, output: str) -> int | None:
+        """Where the rewritten region ends in ``output`` (at its end marker); None before one came
+        (the decode's text stop: the output is over once this is not None).
+
+        >>> CHAT.body_end("x = 1\\n```"), CHAT.body_end("s = '```'\\n")   # the second: a fence inside a line is code
+        (6, None)
+        """
+        return self._body_end(output)
+
     def parse(self, output: str, eos: bool = False) -> str | None:
         """The rewritten region from the model's ``output`` (decoded with special tokens), or None
         when it is malformed: no end marker, and not ended by the model's end-of-text token (``eos``:

@@ -1,0 +1,147 @@
+"""One next-edit request's prompt: the region around the cursor, the prompt in the model's layout as
+token ids, the tokens the region drafter drafts (the layout's output for an unchanged region) and
+the rewrite's token budget, the prompt shrunk until both fit.
+
+The layouts put the stable parts first (other files, the file, older edits), so successive requests
+of a document share a long token prefix and its KV (``specls.next_edit.engine_path``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from urllib.parse import unquote, urlparse
+
+from specls.api import NextEditRequest
+from specls.next_edit.edits import LastEdit, Region, lines_of, region_parts, select_region, split_lines
+from specls.next_edit.layouts import EditLayout, EditPrompt
+from specls.next_edit.settings import NextEditSettings
+from specls.prompt import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EditJob:
+    """What the decode needs: ``prompt`` ids, ``unchanged`` (the region drafter's ids), ``max_new``."""
+
+    region: Region
+    region_text: str
+    layout: EditLayout
+    prompt: list[int]
+    unchanged: list[int]
+    max_new: int
+    last_edit: LastEdit | None
+
+
+def doc_path(request: NextEditRequest) -> str:
+    """The file's name in the prompt: ``request.path``, else a ``file:`` uri's path, else the id.
+
+    >>> doc_path(NextEditRequest("file:///w/a%20b.py", "", 0, 0))
+    '/w/a b.py'
+    """
+    if request.path:
+        return request.path
+    parsed = urlparse(request.doc_id)
+    return unquote(parsed.path) if parsed.scheme == "file" else request.doc_id
+
+
+def last_edit_of(request: NextEditRequest, path: str) -> LastEdit | None:
+    """The edit a suggestion must not undo: the request's, else its history's newest on ``path``."""
+    if request.last_edit is not None:
+        return request.last_edit
+    for d in reversed(request.history):
+        if d.path == path and d.old != d.new:
+            return LastEdit(d.start_line, d.old, d.new)
+    return None
+
+
+def cursor_offset(region_text: str, line_in_region: int, character: int) -> int:
+    """The code point offset of (line, UTF-16 character) in the region, clipped to its line.
+
+    >>> cursor_offset("ab\\n😀x\\n", 1, 2)   # Not 5: the emoji is two UTF-16 units
+    4
+    """
+    lines = split_lines(region_text)
+    n = min(max(line_in_region, 0), len(lines) - 1)
+    at = sum(len(s) for s in lines[:n])
+    units = 0
+    for ch in lines[n].rstrip("\r\n"):
+        if units >= character:
+            break
+        units += 2 if ord(ch) > 0xFFFF else 1
+        at += 1
+    return at
+
+
+def region_before(region_text: str, region: Region, last: LastEdit | None) -> str | None:
+    """The region as it was before the last edit (Sweep's ``original/`` block), when that edit lies
+    inside it; None (the region as it is) otherwise."""
+    if last is None:
+        return None
+    lines = split_lines(region_text)
+    start = last.start_line - region.start_line
+    n = len(lines_of(last.new))
+    if start < 0 or start + n > len(lines) or "".join(lines[start : start + n]) != last.new:
+        return None
+    return "".join(lines[:start]) + last.old + "".join(lines[start + n :])
+
+
+def _window(text: str, region: Region, before: int, after: int) -> tuple[str, str, str]:
+    """(prefix, region, suffix) with ``before``/``after`` lines of the file around the region."""
+    prefix, region_text, suffix = region_parts(text, region)
+    pre = split_lines(prefix)[:-1] if prefix else []  # whole lines: the last element is ""
+    post = split_lines(suffix)
+    pre = pre[max(0, len(pre) - before) :]
+    return "".join(pre), region_text, "".join(post[:after])
+
+
+def _context_files(request: NextEditRequest, s: NextEditSettings) -> tuple[tuple[str, str], ...]:
+    out = []
+    for uri, text in request.context_docs[: s.context_files]:
+        path = doc_path(NextEditRequest(uri, "", 0, 0))
+        out.append((path, text[: s.context_chars]))
+    return tuple(out)
+
+
+def _shrunk(s: NextEditSettings) -> NextEditSettings | None:
+    """The next smaller prompt: no other files, then the newest edit only, then half the window."""
+    if s.context_files:
+        return replace(s, context_files=0)
+    if s.history > 1:
+        return replace(s, history=1)
+    if s.window_before or s.window_after:
+        return replace(s, window_before=s.window_before // 2, window_after=s.window_after // 2)
+    return None
+
+
+def build_job(
+    request: NextEditRequest,
+    layout: EditLayout,
+    tokenizer: TextTokenizer,
+    settings: NextEditSettings,
+    max_positions: int,
+) -> EditJob | None:
+    """The request's prompt and budget; None when even the smallest prompt leaves no room."""
+    text, path = request.text, doc_path(request)
+    region = select_region(text, request.line, settings.lines_before, settings.lines_after)
+    last = last_edit_of(request, path)
+    _, region_text, _ = region_parts(text, region)
+    unchanged = tokenizer.encode(layout.output_of(region_text))
+    wanted = request.max_tokens if request.max_tokens is not None else len(unchanged) * 3 // 2 + 32
+    cursor = cursor_offset(region_text, request.line - region.start_line, request.character)
+    before = region_before(region_text, region, last)
+    s: NextEditSettings | None = settings
+    while s is not None:
+        prefix, _, suffix = _window(text, region, s.window_before, s.window_after)
+        history = request.history[len(request.history) - s.history :] if s.history > 0 else ()
+        prompt_text = layout.render(
+            EditPrompt(path, prefix, region_text, suffix, cursor, history, before, _context_files(request, s))
+        )
+        prompt = tokenizer.encode(prompt_text)
+        room = min(max_positions, s.prompt_tokens + wanted) - len(prompt)
+        if prompt and room >= min(wanted, len(unchanged) + 1):
+            return EditJob(region, region_text, layout, prompt, unchanged, min(wanted, room), last)
+        s = _shrunk(s)
+    log.info("next edit: no prompt of %s fits %d positions", path, max_positions)
+    return None

@@ -1,0 +1,37 @@
+"""``NextEditSettings``: how the engine's next-edit path picks its region, builds its prompt and drafts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NextEditSettings:
+    """The edit path's knobs (``specls.next_edit.engine_path``); docs/next-edit.md says why each.
+
+    The region: whole lines from ``lines_before`` above the cursor's line to ``lines_after`` below
+    it: 24 lines, the window of the issue's first probe, where most next edits fell inside (``specls
+    bench edit`` measures others). Around it the prompt shows up to ``window_before``/``window_after``
+    lines of the file, the newest ``history`` edits and ``context_files`` other open files (each cut
+    to ``context_chars``), shrunk until the prompt fits ``prompt_tokens`` plus the rewrite's budget.
+    """
+
+    lines_before: int = 11
+    lines_after: int = 12
+    window_before: int = 40
+    window_after: int = 20
+    history: int = 6
+    context_files: int = 1
+    context_chars: int = 2_000
+    prompt_tokens: int = 1_536
+    # the layout's name (specls.next_edit.layouts); None: the model's (specls.json ``next_edit_layout``,
+    # else layout_for_model of its source)
+    layout: str | None = None
+    # draft the region's continuation (RegionDrafter) under the drafting policy; False leaves lookup
+    # and the draft model (the benchmark's "lookup" arm)
+    region: bool = True
+    # the most tokens one pass drafts: long, since the rewrite copies the region but for the edit;
+    # the drafting policy prices each pass's length by the measured verify costs
+    draft_length: int = 48
+    min_match: int = 3  # RegionDrafter's realignment match (decoder/region_drafter.py)
+    kv_documents: int = 2  # documents whose edit-prompt KV is kept (beside the completions')
