@@ -310,8 +310,31 @@ local function on_attach(client, buf)
   end
 end
 
+-- The server's model-load progress ($/progress): while a model given by name is prepared it says
+-- "downloading 43%", "converting: quantizing"; echoed (no history) and kept for statuslines.
+local progress_message = nil
+
+local function show_progress(ev)
+  local c = vim.lsp.get_client_by_id(ev.data.client_id)
+  local value = ev.data.params and ev.data.params.value
+  if not (c and c.name == NAME and type(value) == 'table') then
+    return
+  end
+  if value.kind == 'end' then
+    progress_message = nil
+    vim.api.nvim_echo({ { 'specls: ' .. (value.message or 'ready') } }, false, {})
+  elseif value.message then
+    progress_message = value.message
+    vim.api.nvim_echo({ { 'specls: ' .. value.message } }, false, {})
+  end
+end
+
 function M.setup(user)
   opts = vim.tbl_deep_extend('force', vim.deepcopy(defaults), user or {})
+  vim.api.nvim_create_autocmd('LspProgress', {
+    group = vim.api.nvim_create_augroup('specls.progress', { clear = true }),
+    callback = show_progress,
+  })
   local cmd = opts.cmd
   if opts.tcp then
     local host, port = parse_tcp(opts.tcp)
@@ -330,6 +353,12 @@ function M.setup(user)
     on_attach = on_attach,
   })
   vim.lsp.enable(NAME)
+end
+
+--- The model-load progress the server reported last ("downloading 43%", "converting: quantizing"), or
+--- nil once loaded: for statuslines.
+function M.progress()
+  return progress_message
 end
 
 --- The suggestion currently shown by the 0.11 fallback in `buf` (for statuslines and tests), or nil.
