@@ -22,6 +22,7 @@ function readSettings(): Settings {
     return {
         serverPath: c.get<string>('serverPath', ''),
         model: c.get<string>('model', ''),
+        preset: c.get<string>('preset', ''),
         draft: c.get<string>('draft', ''),
         maxTokens: c.get<number>('maxTokens', 64),
         draftLength: c.get<number>('draftLength', 12),
@@ -216,8 +217,9 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             if (!e.affectsConfiguration('specls')) {
                 return;
             }
-            // typeAhead and draftLength are the engine's: the server applies them when its model loads
-            const restartKeys = ['serverPath', 'teamServer', 'enabledLanguages', 'typeAhead', 'draftLength'];
+            // the models, typeAhead and draftLength are the engine's: the server applies them when its model loads
+            const engineKeys = ['model', 'preset', 'draft', 'typeAhead', 'draftLength'];
+            const restartKeys = ['serverPath', 'teamServer', 'enabledLanguages', ...engineKeys];
             const needsRestart = restartKeys.some((k) => e.affectsConfiguration(`specls.${k}`));
             updateEnabledState();
             output?.info(`settings changed${needsRestart ? ': restarting the client' : ''}`);

@@ -8,6 +8,7 @@ import { Executable, ServerOptions, StreamInfo } from 'vscode-languageclient/nod
 export interface Settings {
     serverPath: string;
     model: string;
+    preset: string;
     draft: string;
     maxTokens: number;
     draftLength: number;
@@ -140,6 +141,9 @@ export function serverSettings(settings: Settings): Record<string, unknown> {
     };
     if (settings.model) {
         out.model = settings.model;
+    }
+    if (settings.preset) {
+        out.preset = settings.preset;
     }
     if (settings.draft) {
         out.draft = settings.draft;

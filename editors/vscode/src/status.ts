@@ -4,6 +4,9 @@ import * as vscode from 'vscode';
 
 type Kind = 'loading' | 'ready' | 'disabled' | 'error';
 
+/** The server's messages while a model given by name is prepared (specls.models.progress.status_text). */
+export const PREPARING = /^(resolving|downloading|converting)\b/;
+
 type Json = Record<string, unknown>;
 
 function obj(v: unknown): Json | undefined {
@@ -54,7 +57,9 @@ export class StatusBar implements vscode.Disposable {
 
     setLoading(message: string, percentage?: number): void {
         this.kind = 'loading';
-        this.detail = percentage !== undefined ? `${message} ${Math.round(percentage)}%` : message;
+        // a model being prepared says its own step ("downloading 43%", "converting: quantizing")
+        this.detail =
+            PREPARING.test(message) || percentage === undefined ? message : `${message} ${Math.round(percentage)}%`;
         this.render();
     }
 
