@@ -215,6 +215,33 @@ def load_result(path: Path, output: str) -> dict[str, object]:
     return result
 
 
+# A model given by name: the tiny random checkpoint of tests/models served by a local hub
+# (tests/hub_server.py); the server downloads and converts it into a fresh cache on first use.
+HUB_MODEL = "org/tiny"
+
+
+@pytest.fixture(scope="session")
+def model_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The local hub's URL (HF_ENDPOINT), serving ``HUB_MODEL``."""
+    from tests.hub_server import HubServer
+    from tests.models.conftest import build_checkpoint
+
+    ckpt = build_checkpoint(tmp_path_factory.mktemp("e2e-hub") / "qwen2", "qwen2")
+    with HubServer() as hub:
+        hub.add_dir(HUB_MODEL, ckpt)
+        yield hub.url
+
+
+def hub_env(hub_url: str, tmp: Path) -> dict[str, str]:
+    """The environment a server needs to take ``HUB_MODEL`` from the local hub into a fresh cache."""
+    return {
+        "HF_ENDPOINT": hub_url,
+        "HF_HUB_CACHE": str(tmp / "hf-cache"),
+        "SPECLS_CACHE": str(tmp / "specls-models"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+
+
 def keep_artifact(src: Path, name: str) -> None:
     if src.is_file():
         ARTIFACTS.mkdir(exist_ok=True)

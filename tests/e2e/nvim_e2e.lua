@@ -3,7 +3,8 @@
 -- Environment: SPECLS_E2E_PLUGIN (editors/nvim), SPECLS_E2E_CMD (JSON list) or SPECLS_E2E_TCP (host:port),
 -- SPECLS_E2E_FILE (a Python file; the cursor goes to the end of its last line), SPECLS_E2E_RESULT (JSON
 -- written here), SPECLS_E2E_TIMEOUT_MS (for the ghost text to appear).
--- Result: { ok, error?, version, native, ghost, before, after, row, col, attach_ms, ghost_ms, log }.
+-- Result: { ok, error?, version, native, ghost, before, after, row, col, attach_ms, ghost_ms, log,
+-- progress (the load progress messages the plugin showed) }.
 local uv = vim.uv
 local t0 = uv.hrtime()
 local function ms()
@@ -79,6 +80,16 @@ local function run()
   end
   local specls = require('specls')
   specls.setup(setup)
+  -- the load progress the plugin shows (a model given by name: "downloading 43%", "converting: ...")
+  result.progress = {}
+  vim.api.nvim_create_autocmd('LspProgress', {
+    callback = function()
+      local m = specls.progress()
+      if m and m ~= result.progress[#result.progress] then
+        table.insert(result.progress, m)
+      end
+    end,
+  })
   result.native = vim.lsp.inline_completion ~= nil
 
   vim.cmd.edit(vim.fn.fnameescape(assert(os.getenv('SPECLS_E2E_FILE'))))

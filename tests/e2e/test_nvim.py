@@ -5,6 +5,7 @@ exactly that text."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -12,12 +13,14 @@ import pytest
 
 from tests.e2e.conftest import (
     GHOST_TIMEOUT_S,
+    HUB_MODEL,
     PY_SOURCE,
     PY_TYPED,
     REPO,
     Editors,
     TcpServer,
     clean_env,
+    hub_env,
     keep_artifact,
     load_result,
     run_bounded,
@@ -30,7 +33,12 @@ PLUGIN = REPO / "editors" / "nvim"
 
 
 def run_nvim(
-    nvim: Path, tmp: Path, name: str, cmd: list[str] | None = None, tcp: str = ""
+    nvim: Path,
+    tmp: Path,
+    name: str,
+    cmd: list[str] | None = None,
+    tcp: str = "",
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, object]:
     project = tmp / "project"
     project.mkdir()
@@ -47,6 +55,7 @@ def run_nvim(
         SPECLS_E2E_CMD=json.dumps(cmd or []),
         SPECLS_E2E_TCP=tcp,
     )
+    env.update(extra_env or {})
     started = time.monotonic()
     rc, output = run_bounded(
         [str(nvim), "--headless", "--clean", "-S", str(SCRIPT)],
@@ -126,3 +135,20 @@ def test_nvim012_native_tcp(
     result = run_nvim(editors.nvim012, tmp_path, "nvim012-tcp", tcp=f"{tcp_server.host}:{tcp_server.port}")
     check_accept(result, (0, 12), native=True)
     assert_accept_reported(result)
+
+
+def test_nvim011_model_by_name_shows_preparing(
+    editors: Editors, specls_bin: Path, model_hub: str, tmp_path: Path
+) -> None:
+    """`--model org/tiny` from a local hub into a fresh cache: the plugin shows the preparing stages
+    ("downloading 43%", "converting: ..."), then a completion appears."""
+    cmd = [str(specls_bin), "serve", "--model", HUB_MODEL, "--threads", "1"]
+    result = run_nvim(
+        editors.nvim011, tmp_path, "nvim011-by-name", cmd=cmd, extra_env=hub_env(model_hub, tmp_path)
+    )
+    shown = [str(m) for m in result["progress"]]  # type: ignore[attr-defined]
+    assert any(re.fullmatch(r"downloading \d+%", m) for m in shown), shown
+    assert any(m.startswith("converting: ") for m in shown), shown
+    first = next(i for i, m in enumerate(shown) if m.startswith("downloading"))
+    assert first < next(i for i, m in enumerate(shown) if m.startswith("converting"))
+    assert str(result["ghost"]).strip(), "no completion after the model was prepared"
