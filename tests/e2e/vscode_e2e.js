@@ -6,7 +6,8 @@
 // file), E2E_RUN_DIR (fresh dir for HOME, XDG and user data), E2E_ARTIFACTS (screenshots), E2E_RESULT (JSON
 // written here), E2E_TIMEOUT_MS (for the ghost text); optional E2E_TEAM_SERVER (host:port), E2E_TAG,
 // E2E_EXPECT_ERROR (the server cannot start: expect the error status and notification instead),
-// E2E_OTHER_FILE (a file in a language that is not enabled: expect the disabled status there).
+// E2E_OTHER_FILE (a file in a language that is not enabled: expect the disabled status there), E2E_MODEL
+// (specls.model; the status bar texts seen until ready are in result.status_seen).
 'use strict';
 const { chromium } = require('playwright-core');
 const { spawn, execFileSync } = require('child_process');
@@ -104,6 +105,8 @@ async function main() {
         'specls.serverPath': env('SPECLS_BIN'),
         // a team server over TCP instead of a local one over stdio
         'specls.teamServer': process.env.E2E_TEAM_SERVER || '',
+        // a model given by name (E2E_MODEL, from a local hub): prepared on first use
+        ...(process.env.E2E_MODEL ? { 'specls.model': process.env.E2E_MODEL } : {}),
         'specls.maxTokens': 24,
         // sent as they are: the test checks that the server knows each of them
         'specls.lineFirst': true,
@@ -217,10 +220,23 @@ async function main() {
             return;
         }
         const ready = status.locator('.codicon-sparkle');
+        // every text the status bar item shows until ready (a model being prepared: its steps)
+        result.status_seen = [];
+        const watch = setInterval(() => {
+            status
+                .innerText({ timeout: 1000 })
+                .then((text) => {
+                    const seen = result.status_seen;
+                    if (text.trim() !== seen[seen.length - 1]) seen.push(text.trim());
+                })
+                .catch(() => {});
+        }, 100);
         try {
             await ready.waitFor({ timeout });
         } catch {
             throw new Error(`the extension did not become ready: status "${(await status.innerText()).trim()}"`);
+        } finally {
+            clearInterval(watch);
         }
         result.ready_ms = Date.now() - t0;
         log('status bar: ready');
