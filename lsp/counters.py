@@ -37,6 +37,28 @@ def _result(future: Outcome) -> CompletionResult | None:
 
 
 @dataclass
+class NextEditCounters:
+    """What became of the next-edit requests (``textDocument/copilotInlineEdit``) and their edits."""
+
+    requests: int = 0
+    answered: int = 0  # answers with an edit
+    empty: int = 0  # no edit (no document, bad position, the engine had none to offer)
+    not_ready: int = 0
+    cancelled: int = 0  # preempted by a completion request or an edit, superseded, or $/cancelRequest
+    stale_dropped: int = 0  # for a version already superseded, or the document changed meanwhile
+    errors: int = 0
+    shown: int = 0  # textDocument/didShowInlineEdit, once per offered edit
+    accepted: int = 0  # the edit's command through workspace/executeCommand, once per offered edit
+    tokens_wasted: int = 0  # generated for edits that were cancelled or stale
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def snapshot(self) -> dict[str, object]:
+        plain: dict[str, object] = {k: v for k, v in vars(self).items() if not isinstance(v, deque)}
+        plain["latency_ms"] = percentiles(list(self.latency_ms))
+        return plain
+
+
+@dataclass
 class Counters:
     requests: int = 0
     answered: int = 0  # results with an item
@@ -54,6 +76,7 @@ class Counters:
     results: ResultTotals = field(default_factory=ResultTotals)  # every result that came back
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     keystroke_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    next_edit: NextEditCounters = field(default_factory=NextEditCounters)
 
     def generation_done(self, future: Outcome, cancelled: bool) -> None:
         """A request's generation finished (``cancelled``: its request was cancelled meanwhile)."""
@@ -80,8 +103,10 @@ class Counters:
             self.continued += 1
 
     def snapshot(self) -> dict[str, object]:
-        plain = {k: v for k, v in vars(self).items() if not isinstance(v, deque | ResultTotals)}
+        skip = deque | ResultTotals | NextEditCounters
+        plain = {k: v for k, v in vars(self).items() if not isinstance(v, skip)}
         plain.update(self.results.snapshot())
+        plain["next_edit"] = self.next_edit.snapshot()
         plain["latency_ms"] = percentiles(list(self.latency_ms))
         plain["keystroke_to_result_ms"] = percentiles(list(self.keystroke_ms))
         return plain

@@ -38,8 +38,9 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcServerNotInitialized
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, default_converter
-from pygls.protocol.json_rpc import RPCNotification, RPCRequest
+from pygls.protocol.json_rpc import JsonRPCNotification, RPCNotification, RPCRequest
 from pygls.protocol.language_server import lsp_method
+from specls.lsp import next_edit_feature
 from specls.lsp.continuation import Continuation
 from specls.lsp.counters import Counters
 from specls.lsp.document_sync import DocumentSync
@@ -47,6 +48,7 @@ from specls.lsp.documents import Document, DocumentStore, sanitize, window
 from specls.lsp.event_loop import post_to_loop
 from specls.lsp.job import CursorParams, Job
 from specls.lsp.load_progress import LoadProgress
+from specls.lsp.next_edit_feature import NextEdits
 from specls.lsp.postprocess import (
     Completion,
     CursorContext,
@@ -218,6 +220,20 @@ class SpeclsProtocol(LanguageServerProtocol):
         if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CLOSE)) is not None:
             yield user_handler, (params,), None
 
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(self, params: types.InitializeParams) -> Any:
+        result = yield from super().lsp_initialize(params)
+        # custom methods have no standard capability: announce the next-edit method as experimental
+        caps = result.capabilities
+        caps.experimental = {**(caps.experimental or {}), **next_edit_feature.CAPABILITY}
+        return result
+
+    def structure_message(self, data: dict[str, Any]) -> Any:
+        # copilot.el runs an accepted next edit's command as a notification: take it as one
+        if data.get("method") == types.WORKSPACE_EXECUTE_COMMAND and "id" not in data:
+            return self._converter.structure(data, JsonRPCNotification)
+        return super().structure_message(data)
+
     @lsp_method(types.EXIT)
     def lsp_exit(self, *args: Any) -> Any:
         self._server.session.exit_requested(clean=self._shutdown)
@@ -318,6 +334,14 @@ class Session:
         self.sync = DocumentSync(host, self.store, self.team_auth, doc_prefix)
         self.continuation = Continuation(host, self._generate, self._outdated)
         self.progress = LoadProgress(server)
+        self.next_edits = NextEdits(
+            host,
+            self.store,
+            self.sync,
+            self.team_auth,
+            lambda: self.settings.languages,
+            self.continuation.preempt,
+        )
 
     # ------------------------------------------------------------------ helpers
     def report_problems(self, problems: list[str]) -> None:
@@ -386,6 +410,7 @@ class Session:
 
     def shutdown(self) -> None:
         self.continuation.preempt()
+        self.next_edits.cancel("shutdown")
         for job in self.jobs.values():
             job.cancel("shutdown")
 
@@ -401,6 +426,7 @@ class Session:
         self.closed = True
         self.progress.closed = self.sync.closed = True
         self.shutdown()
+        self.next_edits.close()
         self.team_auth.close()  # cancels its queued/running requests, frees its documents' KV
         for uri in self.store.uris():
             self.store.close(uri)
@@ -411,6 +437,7 @@ class Session:
     def did_open(self, params: types.DidOpenTextDocumentParams) -> None:
         item = params.text_document
         self.store.open(item.uri, item.language_id, item.version, item.text)
+        self.next_edits.did_open(item.uri, item.text)
         self.sync.update(item.uri)
 
     def did_change(self, params: types.DidChangeTextDocumentParams) -> None:
@@ -425,6 +452,7 @@ class Session:
             logger.exception("could not apply a change to %s", uri)
             return
         if doc is not None:
+            self.next_edits.did_change(uri, params.content_changes)
             self.sync.update(uri)
 
     def did_close(self, params: types.DidCloseTextDocumentParams) -> None:
@@ -433,6 +461,7 @@ class Session:
         job = self.jobs.pop(uri, None)
         if job is not None:
             job.cancel("closed")
+        self.next_edits.did_close(uri)
         if self.store.close(uri) is not None:
             self.sync.close(uri)
 
@@ -669,6 +698,7 @@ def create_server(
     _document_features(server, session)
     _completion_features(server, session)
     _specls_features(server, session)
+    next_edit_feature.register(server, session.next_edits)
     return server
 
 
