@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from specls.decoder.acceptance import process_logits, sample
 from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
+from specls.decoder.datastore import StaticSources
 from specls.decoder.ngram import LookupMatch, NgramIndex, common_prefix_len, lookup
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,11 @@ class PromptLookupDrafter(Drafter):
     current sequence (prompt + generated, most recent of all), then the suffix after the cursor, then
     the shared index of open buffers (most recently updated first). A match in the current sequence
     that runs into its end is continued periodically (a repeating pattern keeps repeating).
-    Point-mass proposals. Reusable across requests (the sequence index is updated incrementally;
-    call ``set_suffix`` per request)."""
+    Where those have no match, or only a one-token guess, the ``static`` sources follow (the
+    workspace's files not open, then a code datastore: ``specls.decoder.datastore``), their best
+    continuation by counts: after the buffers, because what the user has open is the likeliest to
+    be copied. Point-mass proposals. Reusable across requests (the sequence index is updated
+    incrementally; call ``set_suffix`` per request)."""
 
     name = "lookup"
 
@@ -98,10 +102,12 @@ class PromptLookupDrafter(Drafter):
         index: NgramIndex | None,
         settings: DrafterSettings = DEFAULT_DRAFTER_SETTINGS,
         suffix: Sequence[int] = (),
+        static: StaticSources | None = None,
     ) -> None:
         self.settings = settings
         lo, hi = settings.lookup_min_n, settings.lookup_max_n
         self._index = index
+        self._static = static
         self._context = NgramIndex(lo, hi, name="context")
         self._suffix = NgramIndex(lo, hi, name="suffix")
         self.set_suffix(suffix)
@@ -118,6 +124,8 @@ class PromptLookupDrafter(Drafter):
         sources = [self._context, self._suffix] + ([self._index] if self._index is not None else [])
         s = self.settings
         m = lookup(sources, context, k, s.lookup_min_n, s.lookup_max_n)
+        if (m is None or m.guess) and self._static is not None:
+            m = self._static.match(context, k) or m
         if m is not None and m.source == "context" and len(m.tokens) < k:
             # The match runs into the end of the sequence: continue copying with overlap (LZ77 style),
             # the sequence repeating with period len(context) - position.
