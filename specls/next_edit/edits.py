@@ -258,3 +258,20 @@ def drop_undo(text: str, edits: Sequence[TextEdit], last: LastEdit | None) -> li
     if undoes(inside):
         return [e for e in edits if e not in inside]
     return [e for e in edits if not (e in inside and undoes([e]))]
+
+
+def suggested_edits(
+    text: str, region: Region, region_text: str, rewritten: str, last: LastEdit | None
+) -> tuple[list[TextEdit], str, int]:
+    """What a rewrite of ``region`` suggests: (edits, why none are shown or "", edits left out as
+    undos of ``last``). Nothing for a rewrite equal to the region ("unchanged") or one that only
+    undoes ("undo").
+
+    >>> suggested_edits("a = 1\\n", Region(0, 1), "a = 1\\n", "a = 1\\n", None)
+    ([], 'unchanged', 0)
+    """
+    edits = minimal_edits(region_text, rewritten, region.start_line)
+    if not edits:
+        return [], "unchanged", 0
+    kept = drop_undo(text, edits, last)
+    return kept, "" if kept else "undo", len(edits) - len(kept)

@@ -32,7 +32,7 @@ from specls.documents_state import DocState, DocumentStates, prefix_cache
 from specls.drafting import policy_state
 from specls.engine_settings import EngineSettings
 from specls.loading import LoadedModels
-from specls.next_edit.edits import drop_undo, minimal_edits
+from specls.next_edit.edits import suggested_edits
 from specls.next_edit.layouts import EditLayout, get_layout, layout_for_model
 from specls.next_edit.request_prompt import EditJob, build_job
 from specls.next_edit.settings import NextEditSettings
@@ -195,17 +195,10 @@ class EditPath:
         rewritten = job.layout.parse(text, eos=out.stop_reason == "eos")
         if rewritten is None:
             return replace(base, dropped="malformed")
-        edits = minimal_edits(job.region_text, rewritten, job.region.start_line)
-        if not edits:
-            return replace(base, rewritten=rewritten, dropped="unchanged")
-        kept = drop_undo(request.text, edits, job.last_edit)
-        return replace(
-            base,
-            edits=tuple(kept),
-            rewritten=rewritten,
-            dropped="" if kept else "undo",
-            undone=len(edits) - len(kept),
+        edits, dropped, undone = suggested_edits(
+            request.text, job.region, job.region_text, rewritten, job.last_edit
         )
+        return replace(base, edits=tuple(edits), rewritten=rewritten, dropped=dropped, undone=undone)
 
     def _count(self, r: NextEditResult) -> None:
         with self._lock:

@@ -115,6 +115,32 @@ def _shrunk(s: NextEditSettings) -> NextEditSettings | None:
     return None
 
 
+@dataclass(frozen=True)
+class RenderedEdit:
+    """A request's region and its prompt text in a layout, at one prompt size."""
+
+    region: Region
+    region_text: str
+    prompt: str
+    last_edit: LastEdit | None
+
+
+def render_edit(request: NextEditRequest, layout: EditLayout, s: NextEditSettings) -> RenderedEdit:
+    """The request's region and prompt text with the window, history and other files of ``s``
+    (no token budget: ``build_job`` fits it; a remote back end tokenizes it itself)."""
+    text, path = request.text, doc_path(request)
+    region = select_region(text, request.line, s.lines_before, s.lines_after)
+    last = last_edit_of(request, path)
+    prefix, region_text, suffix = _window(text, region, s.window_before, s.window_after)
+    cursor = cursor_offset(region_text, request.line - region.start_line, request.character)
+    history = request.history[len(request.history) - s.history :] if s.history > 0 else ()
+    before = region_before(region_text, region, last)
+    prompt = layout.render(
+        EditPrompt(path, prefix, region_text, suffix, cursor, history, before, _context_files(request, s))
+    )
+    return RenderedEdit(region, region_text, prompt, last)
+
+
 def build_job(
     request: NextEditRequest,
     layout: EditLayout,
@@ -123,25 +149,17 @@ def build_job(
     max_positions: int,
 ) -> EditJob | None:
     """The request's prompt and budget; None when even the smallest prompt leaves no room."""
-    text, path = request.text, doc_path(request)
-    region = select_region(text, request.line, settings.lines_before, settings.lines_after)
-    last = last_edit_of(request, path)
-    _, region_text, _ = region_parts(text, region)
-    unchanged = tokenizer.encode(layout.output_of(region_text))
+    rendered = render_edit(request, layout, settings)
+    unchanged = tokenizer.encode(layout.output_of(rendered.region_text))
     wanted = request.max_tokens if request.max_tokens is not None else len(unchanged) * 3 // 2 + 32
-    cursor = cursor_offset(region_text, request.line - region.start_line, request.character)
-    before = region_before(region_text, region, last)
     s: NextEditSettings | None = settings
     while s is not None:
-        prefix, _, suffix = _window(text, region, s.window_before, s.window_after)
-        history = request.history[len(request.history) - s.history :] if s.history > 0 else ()
-        prompt_text = layout.render(
-            EditPrompt(path, prefix, region_text, suffix, cursor, history, before, _context_files(request, s))
-        )
-        prompt = tokenizer.encode(prompt_text)
+        rendered = render_edit(request, layout, s)
+        prompt = tokenizer.encode(rendered.prompt)
         room = min(max_positions, s.prompt_tokens + wanted) - len(prompt)
         if prompt and room >= min(wanted, len(unchanged) + 1):
-            return EditJob(region, region_text, layout, prompt, unchanged, min(wanted, room), last)
+            r = rendered
+            return EditJob(r.region, r.region_text, layout, prompt, unchanged, min(wanted, room), r.last_edit)
         s = _shrunk(s)
-    log.info("next edit: no prompt of %s fits %d positions", path, max_positions)
+    log.info("next edit: no prompt of %s fits %d positions", doc_path(request), max_positions)
     return None

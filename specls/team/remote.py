@@ -29,7 +29,7 @@ import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specls.api import (
@@ -41,6 +41,10 @@ from specls.api import (
     no_next_edit,
 )
 from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_cancelled
+from specls.next_edit.edits import suggested_edits
+from specls.next_edit.layouts import get_layout, layout_for_model
+from specls.next_edit.request_prompt import render_edit
+from specls.next_edit.settings import NextEditSettings
 
 log = logging.getLogger(__name__)
 
@@ -281,8 +285,41 @@ class RemoteEngine:
             self._last.pop(doc_id, None)
 
     def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
-        """The edit prompt sent to the back end as a plain completion (its own speculation applies)."""
-        return no_next_edit(request, "empty", provider="remote")
+        """The edit prompt sent to the back end as a plain completion (its own speculation applies),
+        in the layout ``request.layout`` or the one the served model's name implies; the answer is
+        parsed and diffed as the in-process engine does (``specls.next_edit``)."""
+        if cancelled():
+            return no_next_edit(request, "cancelled", provider="remote")
+        try:
+            layout = get_layout(request.layout or layout_for_model(self._model))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        r = render_edit(request, layout, NextEditSettings())
+        # about three characters a token: the region's length again and half as much, and some slack
+        budget = request.max_tokens or len(r.region_text) // 2 + 32
+        inner = CompletionRequest(doc_id=request.doc_id, prefix=r.prompt, suffix="", max_tokens=budget)
+        body = {**self._body(inner), "stop": list(layout.end_markers)}
+        body.pop("suffix", None)
+        body["prompt"] = r.prompt  # the layout's prompt as it is, no FIM template around it
+        t0 = time.perf_counter()
+        watch = _CancelWatcher(cancelled, self.settings.cancel_poll_s)
+        reply = _Reply()
+        self._post(inner, watch, reply, body)
+        if watch.aborted.is_set():
+            return no_next_edit(request, "cancelled", provider="remote")
+        # the server leaves out the stop string it ended at: "stop" is an ended output
+        ended = reply.finish == "stop"
+        rewritten = layout.parse(reply.text + (layout.end_markers[0] if ended else ""))
+        decode = DecodeResult(tokens=[], decode_ms=(time.perf_counter() - t0) * 1000)
+        result = NextEditResult(
+            (), r.region, rewritten, reply.tokens(), reply.stop_reason(), decode=decode, layout=layout.name
+        )
+        if rewritten is None:
+            return replace(result, dropped="malformed", provider="remote")
+        edits, dropped, undone = suggested_edits(
+            request.text, r.region, r.region_text, rewritten, r.last_edit
+        )
+        return replace(result, edits=tuple(edits), dropped=dropped, undone=undone, provider="remote")
 
     def stats(self) -> dict[str, object]:
         with self._lock:
@@ -395,10 +432,17 @@ class RemoteEngine:
             reply.extra,
         )
 
-    def _post(self, request: CompletionRequest, watch: _CancelWatcher, reply: _Reply) -> None:
-        """Send the request and read the answer into ``reply``; a read that fails because the
-        request was cancelled leaves what arrived so far and ``watch.aborted`` set."""
-        body = json.dumps(self._body(request)).encode("utf-8")
+    def _post(
+        self,
+        request: CompletionRequest,
+        watch: _CancelWatcher,
+        reply: _Reply,
+        fields: dict[str, object] | None = None,
+    ) -> None:
+        """Send the request (``fields``: its body, when not the completion's) and read the answer
+        into ``reply``; a read that fails because the request was cancelled leaves what arrived so
+        far and ``watch.aborted`` set."""
+        body = json.dumps(fields if fields is not None else self._body(request)).encode("utf-8")
         conn = self._conn()
         with self._lock:
             self._stats["http_requests"] += 1
