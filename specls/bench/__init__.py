@@ -1,4 +1,4 @@
-"""``specls bench [decode|lsp|real|team]``: the benchmarks a user runs on their own machine.
+"""``specls bench [decode|lsp|real|team|edit]``: the benchmarks a user runs on their own machine.
 
 Each kind lives in its own module defining ``register(subparsers)``; ``specls bench`` alone runs
 ``decode``. Research-only benchmarks (GPU pass costs, quantization sweeps, FIM layouts) live in the
@@ -20,7 +20,7 @@ def int_list(text: object) -> tuple[int, ...]:
     return tuple(int(x) for x in str(text).split(",") if x.strip())
 
 
-_KINDS = ("decode", "lsp", "real", "team")
+_KINDS = ("decode", "lsp", "real", "team", "edit")
 
 
 def register(sub: Any) -> None:
