@@ -21,6 +21,9 @@ local defaults = {
   root_markers = { '.git', 'pyproject.toml', 'package.json' },
   debounce_ms = 75, -- 0.11 fallback only
   native = nil, -- nil: native inline completion when this Neovim has it; false: always the fallback
+  next_edit = true, -- next-edit suggestions (lua/specls/next_edit.lua); the accept key applies them too
+  next_edit_key = '<Tab>', -- Normal mode: jump to / apply the next edit; falls back to the key itself
+  next_edit_debounce_ms = 300,
 }
 
 local NAME = 'specls'
@@ -225,10 +228,18 @@ end
 local function map_keys(buf)
   if opts.accept_key then
     vim.keymap.set('i', opts.accept_key, function()
-      if not M.accept() then
+      -- an inline completion first; without one, the next edit
+      if not M.accept() and not (opts.next_edit and require('specls.next_edit').accept()) then
         press(opts.accept_key)
       end
-    end, { buffer = buf, desc = 'specls: accept the inline completion' })
+    end, { buffer = buf, desc = 'specls: accept the inline completion (or the next edit)' })
+  end
+  if opts.next_edit and opts.next_edit_key then
+    vim.keymap.set('n', opts.next_edit_key, function()
+      if not require('specls.next_edit').accept() then
+        press(opts.next_edit_key)
+      end
+    end, { buffer = buf, desc = 'specls: jump to / apply the next edit' })
   end
   if opts.dismiss_key and not use_native() then
     vim.keymap.set('i', opts.dismiss_key, function()
@@ -299,6 +310,9 @@ local function on_attach(client, buf)
     end
   end
   map_keys(buf)
+  if opts.next_edit then
+    require('specls.next_edit').attach(client, buf, opts)
+  end
   -- Telemetry for native accepts: the item's command runs on accept; report it to the server.
   if use_native() and not (vim.lsp.commands['specls.accepted']) then
     vim.lsp.commands['specls.accepted'] = function(command, ctx)
