@@ -13,6 +13,7 @@ from collections.abc import Sequence
 _COMMAND_MODULES = (
     "specls.models.cli",  # export, train, eval
     "specls.models_cmd",  # models [list|pull|rm]
+    "specls.datastore_cmd",  # datastore [build|list]
     "specls.complete_cmd",  # complete
     "specls.next_edit_cmd",  # next-edit
     "specls.bench",  # bench [decode|lsp|real|team]
