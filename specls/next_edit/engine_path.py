@@ -78,9 +78,13 @@ class EditPath:
         # the documents' edit KV and drafters; lookup's buffer index is the engine's (``run`` gets it)
         self._docs = DocumentStates(replace(settings, lookup=False, kv_documents=edit.kv_documents))
         # what the policy learns on edits (their lengths and the region's acceptance) stays apart
-        # from completions', from the same measured pass costs
+        # from completions', from the same measured pass costs; its table reaches the longest draft,
+        # so long region passes are priced by what such passes measure (the learner), not by the
+        # calibration's slope carried past its last point
         base = policy_state(settings, models).costs
-        self.policy = PolicyState(costs=base, learner=PassCostLearner(base, models.target.pass_granularity))
+        n = max(len(base.verify), edit.draft_length + 1)
+        costs = replace(base, verify=tuple(base.verify_cost(g) for g in range(n)))
+        self.policy = PolicyState(costs=costs, learner=PassCostLearner(costs, models.target.pass_granularity))
         self.counters = EditCounters()
         self._lock = threading.Lock()
         self.last_prompt: list[int] = []

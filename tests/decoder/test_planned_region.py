@@ -1,0 +1,66 @@
+"""The drafting policy with a region source (next edits): the region's continuation is offered before
+the lookup match and priced by its own acceptance; output is plain greedy whatever the region, and
+an unchanged region goes in long passes where the verify costs allow them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from specls.decoder.api import DecodeSettings
+from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.loop import generate
+from specls.decoder.planned import PlannedDrafter, PolicyState
+from specls.decoder.policy import PassCosts
+from specls.decoder.region_drafter import RegionDrafter
+
+from tests.decoder.fakes import FakeLM, FakeLMConfig
+from tests.decoder.test_region_drafter import TinyCache, TinyLM, _mutate
+
+CHEAP = PassCosts(verify=tuple(1.0 + 0.01 * g for g in range(65)), step=0.3, catchup=0.01)
+LONG = DecodeSettings(max_new_tokens=160, draft_length=48)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_output_is_plain_greedy_with_region_lookup_and_draft_model(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    vocab = 24
+    lm = TinyLM(vocab, seed)
+    prompt = [int(t) for t in rng.integers(0, vocab, size=12)]
+    plain = lm.greedy(prompt, LONG.max_new_tokens)
+    draft = FakeLM(FakeLMConfig(vocab=vocab, window=2, seed=seed + 50))
+    for region in ([int(t) for t in rng.integers(0, vocab, size=60)], _mutate(plain, rng, vocab, 5), []):
+        drafter = PlannedDrafter(
+            PromptLookupDrafter(None),
+            DraftModelDrafter(draft),
+            PolicyState(costs=CHEAP),
+            RegionDrafter(region, len(prompt)),
+        )
+        result = generate(TinyCache(lm), prompt, drafter, LONG, frozenset())
+        assert result.tokens == plain, f"seed {seed}, region of {len(region)}"
+
+
+def test_an_unchanged_region_goes_in_long_passes_priced_by_its_own_table() -> None:
+    lm = TinyLM(40, 7)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = lm.greedy(prompt, LONG.max_new_tokens)
+    state = PolicyState(costs=CHEAP)
+    drafter = PlannedDrafter(PromptLookupDrafter(None), None, state, RegionDrafter(plain, len(prompt)))
+    result = generate(TinyCache(lm), prompt, drafter, LONG, frozenset())
+    assert result.tokens == plain
+    assert len(result.tokens) / result.target_passes >= 10, result.target_passes
+    assert result.per_drafter["region"].accepted == result.accepted
+    assert state.region.reached and not state.lookup.reached  # the lookup tables learned nothing
+    assert state.snapshot()["region_accept"][0] > 0.9
+
+
+def test_costly_long_passes_keep_region_proposals_short() -> None:
+    lm = TinyLM(40, 7)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = lm.greedy(prompt, 64)
+    steep = PassCosts(verify=tuple(1.0 + 0.5 * g for g in range(65)))  # each drafted row half a pass
+    drafter = PlannedDrafter(None, None, PolicyState(costs=steep), RegionDrafter(plain, len(prompt)))
+    result = generate(
+        TinyCache(lm), prompt, drafter, DecodeSettings(max_new_tokens=64, draft_length=48), frozenset()
+    )
+    assert result.tokens == plain
+    assert max(len(result.accept_hist), 1) < 48  # Not 48: the verify cost caps the proposal
