@@ -123,8 +123,9 @@ class PolicyState:
             }
 
 
-def _plan_name(plan: Plan) -> str:
-    parts = [name for name, n in (("lookup", plan.lookup), ("model", plan.model)) if n > 0]
+def _plan_name(plan: Plan, head: str = "lookup") -> str:
+    """The plan's name in the choices (``head``: the source of its point-mass tokens)."""
+    parts = [name for name, n in ((head, plan.lookup), ("model", plan.model)) if n > 0]
     return "+".join(parts) or "plain"
 
 
@@ -207,7 +208,7 @@ class PlannedDrafter(Drafter):
                 model_behind=self.model.behind(context) if self.model is not None else 0,
                 model_share=self.state.usual_unmatched(self.stopped),
             )
-            self.state.choices[_plan_name(plan)] += 1
+            self.state.choices[_plan_name(plan, self._head)] += 1
         tokens = free[: plan.lookup]
         model_q: np.ndarray | None = None
         if plan.model > 0 and self.model is not None:

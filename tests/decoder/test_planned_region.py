@@ -50,6 +50,7 @@ def test_an_unchanged_region_goes_in_long_passes_priced_by_its_own_table() -> No
     assert len(result.tokens) / result.target_passes >= 10, result.target_passes
     assert result.per_drafter["region"].accepted == result.accepted
     assert state.region.reached and not state.lookup.reached  # the lookup tables learned nothing
+    assert state.choices["region"] > 0 and "lookup" not in state.choices
     assert state.region.rate(0) > 0.9
 
 
