@@ -7,6 +7,7 @@ import {
     WorkDoneProgress,
     WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
+import { NextEdits } from './nextEdit';
 import { serverOptions, serverSettings, Settings } from './server';
 import { StatusBar, summarize } from './status';
 
@@ -234,6 +235,11 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             updateEnabledState();
         }),
     );
+    // next-edit suggestions: shown with decorations, Tab applies (package.json: specls.nextEditVisible)
+    const nextEditsOn = (document: vscode.TextDocument): boolean =>
+        vscode.workspace.getConfiguration('specls').get<boolean>('nextEdits', true) &&
+        languageEnabled(readSettings(), document.languageId);
+    context.subscriptions.push(new NextEdits(() => client, nextEditsOn, () => output));
     statsTimer = setInterval(() => void pollStats(), 5000);
     context.subscriptions.push({ dispose: () => clearInterval(statsTimer) });
     // not awaited: activation does not wait for the server (errors end up in the status bar and log)
