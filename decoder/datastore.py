@@ -354,11 +354,11 @@ class StaticSources:
     workspace, then the datastore); each may arrive later (a background build) or be replaced.
     Thread-safe: lookups read a snapshot."""
 
-    def __init__(self, lookup: StaticLookup = DEFAULT_STATIC_LOOKUP) -> None:
+    def __init__(self, lookup: StaticLookup = DEFAULT_STATIC_LOOKUP, order: Sequence[str] = ()) -> None:
         self.lookup = lookup
         self._lock = threading.Lock()
         self._sources: dict[str, Datastore] = {}
-        self._order: list[str] = []
+        self._order: list[str] = list(order)  # slots consulted first to last, whenever each arrives
 
     def set(self, slot: str, store: Datastore | None) -> None:
         """Put ``store`` in ``slot`` (None removes it); a new slot is consulted after the others."""

@@ -61,8 +61,12 @@ def request_drafter(
         return None, False
     lookup = None
     if buffers is not None:
+        static = state.static
+        if static is not None:
+            static.start(models.tokenizer)  # once: opens the datastore, starts the workspace's index
         if state.lookup_drafter is None:
-            state.lookup_drafter = PromptLookupDrafter(buffers.index, s.drafters)
+            sources = static.sources if static is not None else None
+            state.lookup_drafter = PromptLookupDrafter(buffers.index, s.drafters, static=sources)
         lookup = state.lookup_drafter
         lookup.set_suffix(prompt.suffix_tokens)
     model = None

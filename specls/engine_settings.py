@@ -25,6 +25,15 @@ class EngineSettings:
     draft: str | None = None
     draft_model: bool = True  # draft with the draft model
     lookup: bool = True  # draft by prompt lookup (the open buffers, the prompt, the suffix)
+    # prompt lookup also drafts from the workspace's files that are not open (the git root above the
+    # first opened file; indexed in the background within a size bound, specls.workspace_index): code
+    # new to the open buffers is often elsewhere in the project. Off by default: it reads the project
+    workspace: bool = False
+    # and then from a code datastore (specls.datastore_cache): a corpus built by `specls datastore
+    # build` for the model's tokenizer (stdlib, site-packages, a folder) or a datastore folder (several:
+    # comma-separated, consulted in that order); None = none.
+    # For code with nothing to copy from the project: its idioms are in other code
+    datastore: str | None = None
     speculation: bool = True  # False = plain greedy reference path (no drafter at all)
     # the most tokens one pass drafts; the drafting policy (decoder/planned.py) picks each pass's length
     # up to it, by measured pass costs and learned acceptance

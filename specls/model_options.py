@@ -44,7 +44,10 @@ MODEL_OPTIONS = (
     "draft_length",
     "threads",
 )
-_NAMES = ("model", "preset", "draft")  # None (or ""): not given
+# prompt lookup's sources beyond the open buffers (EngineSettings.workspace, .datastore): the CLI's
+# and the engine's names; not LSP settings yet (specls.lsp.settings.ENGINE_FIELDS lists those)
+LOOKUP_OPTIONS = ("workspace", "datastore")
+_NAMES = ("model", "preset", "draft", "datastore")  # None (or ""): not given
 
 
 def _draft_length(value: str) -> int:
@@ -106,6 +109,18 @@ def add_model_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
         "--no-lookup", dest="lookup", action="store_false", default=None, help="no prompt-lookup drafting"
     )
     p.add_argument(
+        "--workspace",
+        action="store_true",
+        default=None,
+        help="prompt lookup also drafts from the project's files that are not open (indexed in the background)",
+    )
+    p.add_argument(
+        "--datastore",
+        metavar="CORPUS",
+        help="and from a code datastore: stdlib, site-packages or a folder built by `specls datastore "
+        "build`, or a datastore folder",
+    )
+    p.add_argument(
         "--no-speculation",
         dest="speculation",
         action="store_false",
@@ -137,11 +152,11 @@ def add_model_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
 def engine_settings(options: Mapping[str, Any], base: EngineSettings | None = None) -> EngineSettings:
     """``base`` (default ``EngineSettings()``) with the shared model options of ``options`` applied, by
     their one name; other keys are ignored. ``None`` means "not given" (the base's value is kept), except
-    for ``model``, ``preset`` and ``draft``, where None and "" both mean "none given": the bundled model
-    (or the preset's). Raises EngineError for a value out of range."""
+    for ``model``, ``preset``, ``draft`` and ``datastore``, where None and "" both mean "none given": the
+    bundled model (or the preset's), no datastore. Raises EngineError for a value out of range."""
     base = base or EngineSettings()
     updates: dict[str, Any] = {}
-    for name in MODEL_OPTIONS:
+    for name in (*MODEL_OPTIONS, *LOOKUP_OPTIONS):
         if name not in options:
             continue
         value = options[name]
@@ -172,4 +187,4 @@ def resolve_threads(threads: int) -> int:
     return auto_threads()
 
 
-__all__ = ["MODEL_OPTIONS", "add_model_arguments", "engine_settings", "resolve_threads"]
+__all__ = ["LOOKUP_OPTIONS", "MODEL_OPTIONS", "add_model_arguments", "engine_settings", "resolve_threads"]

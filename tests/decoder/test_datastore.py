@@ -138,6 +138,10 @@ def test_static_sources_are_consulted_in_order() -> None:
     sources.set("workspace", None)
     assert sources.match([1, 2], 3).source == "datastore"
     assert set(sources.stats()) == {"datastore"}
+    ordered = StaticSources(order=("workspace", "datastore"))
+    ordered.set("datastore", Datastore.build([[1, 2, 4]], name="datastore"))
+    ordered.set("workspace", Datastore.build([[1, 2, 3]], name="workspace"))  # arrives later, still first
+    assert ordered.match([1, 2], 3).source == "workspace"
 
 
 def test_lookup_consults_static_sources_after_the_buffers() -> None:
