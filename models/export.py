@@ -11,6 +11,7 @@ torch/transformers/onnx are imported inside the functions: this module is import
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import inspect
 import json
@@ -18,15 +19,21 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from specls.models.agreement import AgreementOptions
+from specls.models.agreement import AgreementOptions, ReferenceGraph, StoredLogits
 from specls.models.fim import NO_FIM, PRESETS, FimTemplate, detect_template, fit_template
-from specls.models.gguf import GgufError, find_gguf, load_gguf_model, load_gguf_tokenizer
+from specls.models.gguf import (
+    GgufError,
+    find_gguf,
+    load_gguf_model,
+    load_gguf_model_mapped,
+    load_gguf_tokenizer,
+)
 from specls.models.head import DRAFT_HEADS, HEAD_IDS_FILE, ascii_token_ids, slice_head
 from specls.models.kv_buffer import share_kv_buffer
 from specls.models.quantize import QUANTIZE_MODES, QuantizeError, QuantizeOptions, options_for, quantize_graph
@@ -94,6 +101,12 @@ class ExportOptions:
     # "ascii": the LM head scores only ASCII and added tokens, for a draft model (models.head: a
     # cheaper draft step); "full": the whole vocabulary (what a target needs)
     draft_head: str = "full"
+    # weights kept in files rather than in memory where that gives the same graph (models.mapped_weights):
+    # a GGUF is dequantized tensor by tensor into a scratch file the fp32 torch model maps, packed
+    # initializers are spilled to files while tracing, and ONNX Runtime checks the fp32 graph on its
+    # mapped external data (no pre-packed copies). The same files and checks at well under the fp32
+    # weights' size in memory; False: the plain path (everything in memory)
+    low_memory: bool = True
 
 
 @dataclass(frozen=True)
@@ -285,16 +298,46 @@ def _load_and_trace(
     progress: Progress,
 ) -> _Traced:
     """Load the torch model, keep its reference logits, trace it into ``out_dir`` and free it. The
-    model is a local of this frame only, so ``del model`` frees it before ONNX Runtime loads."""
+    model is a local of this frame only, so ``del model`` frees it before ONNX Runtime loads.
+
+    With ``low_memory`` and a GGUF source (fp32) the weights stay in a scratch file the model maps
+    (``models.gguf.load_gguf_model_mapped``), packed initializers are spilled beside it while tracing,
+    and a ``PageEvictor`` drops their pages as they are read: the same model and graph, resident
+    memory near one layer's weights plus what the exporter itself holds."""
+    from specls.models.mapped_weights import PageEvictor, spill_large_initializers
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        scratch: Path | None = None
+        if options.low_memory and ckpt.gguf is not None and options.dtype == "fp32":
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=out_dir, prefix=".weights-")))
+        model, spec, head_ids, weights = _load_model(ckpt, tokenizer, source, options, scratch)
+        # left before the scratch dir goes: it keeps the maps it drops alive until then
+        evictor = stack.enter_context(PageEvictor(arrays=weights))
+        if scratch is not None:
+            stack.enter_context(spill_large_initializers(scratch, evictor))
+        del weights
+        return _reference_and_trace(model, spec, head_ids, ckpt, out_dir, options, fusions, progress)
+
+
+def _reference_and_trace(
+    model: Any,
+    spec: ModelSpec,
+    head_ids: np.ndarray | None,
+    ckpt: ModelSource,
+    out_dir: Path,
+    options: ExportOptions,
+    fusions: str | None,
+    progress: Progress,
+) -> _Traced:
+    """The reference logits, then the trace into ``out_dir``; frees the model before returning."""
     import torch
 
-    model, spec, head_ids = _load_model(ckpt, tokenizer, source, options)
     n_params = sum(p.numel() for p in model.parameters())
     reference = torch_reference(model, spec) if options.verify else None
     _log_memory("torch model loaded")
 
     progress("tracing to ONNX", 0.15)
-    out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".export-") as tmp, torch.no_grad():
         if options.dtype == "fp16":
             del model  # the fp32 copy was only needed for the reference logits
@@ -317,18 +360,31 @@ def _load_and_trace(
 
 
 def _load_model(
-    ckpt: ModelSource, tokenizer: Tokenizer, source: str, options: ExportOptions
-) -> tuple[Any, ModelSpec, np.ndarray | None]:
-    """The fp32 torch model, its spec, and for an ASCII draft head the token ids its head keeps."""
-    model, config = _load_torch_model(ckpt, options)
+    ckpt: ModelSource, tokenizer: Tokenizer, source: str, options: ExportOptions, scratch: Path | None
+) -> tuple[Any, ModelSpec, np.ndarray | None, list[np.ndarray]]:
+    """The fp32 torch model, its spec, for an ASCII draft head the token ids its head keeps, and the
+    memory maps its weights are views of (a GGUF dequantized into ``scratch``; none without it)."""
+    maps: list[np.ndarray] = []
+    if scratch is not None and ckpt.gguf is not None:
+        try:
+            model, config, weight_file = load_gguf_model_mapped(
+                ckpt.gguf, scratch / "weights.bin", options.attn_implementation
+            )
+        except GgufError as exc:
+            raise ExportError(str(exc)) from None
+        maps = list(weight_file.arrays().values())
+        weight_file.close()
+        _log_memory("GGUF dequantized into a mapped file")
+    else:
+        model, config = _load_torch_model(ckpt, options)
     fim = _pick_fim(tokenizer, options.fim_family)
     spec = _make_spec(config, model, tokenizer, fim, options, source)
     if options.draft_head != "ascii":
-        return model, spec, None
+        return model, spec, None, maps
     head_ids = ascii_token_ids(tokenizer, spec.vocab_size, spec.eos_token_ids)
     slice_head(model, _text_config(model.config), head_ids)
     log.info("draft head: %d of %d tokens (ASCII and added tokens)", head_ids.size, spec.vocab_size)
-    return model, replace(spec, head_ids_file=HEAD_IDS_FILE), head_ids
+    return model, replace(spec, head_ids_file=HEAD_IDS_FILE), head_ids, maps
 
 
 def _trace_graphs(
@@ -467,7 +523,7 @@ def _quantize_dir(
 ) -> None:
     """Quantize ``graphs`` of ``out_dir`` into a staging dir, check the main graph's agreement with
     the unquantized one on held-out code, then replace the unquantized graphs by the quantized ones."""
-    from specls.models.agreement import ReferenceGraph, agreement_of_dirs
+    from specls.models.agreement import agreement_of_dirs
 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".quantize-") as tmp:
         stage = Path(tmp)
@@ -496,11 +552,14 @@ def _quantize_dir(
                 )
 
             # the unquantized graph's logits first, then the quantized graph alone: never both sessions
-            ref = ReferenceGraph(out_dir / spec.onnx_file, spec)
-            try:
-                result = agreement_of_dirs(ref, stage, agree, step, spill_dir=out_dir)
-            except ValueError as exc:
-                raise fail(f"{stage / spec.onnx_file}: {exc}") from None
+            ref: Any = ReferenceGraph(out_dir / spec.onnx_file, spec)
+            with tempfile.TemporaryDirectory(dir=out_dir, prefix=".reference-") as spill:
+                try:
+                    if options.low_memory:
+                        ref = _stored_reference(ref, stage, agree, step, Path(spill))
+                    result = agreement_of_dirs(ref, stage, agree, step, spill_dir=out_dir)
+                except ValueError as exc:
+                    raise fail(f"{stage / spec.onnx_file}: {exc}") from None
             release_freed_memory(collect=True)
             _log_memory("agreement measured")
             report["agreement"] = asdict(result)
@@ -526,12 +585,70 @@ def _quantize_dir(
                 shutil.move(str(f), out_dir / f.name)
 
 
+def _stored_reference(
+    ref: ReferenceGraph,
+    stage: Path,
+    agree: AgreementOptions,
+    step: Callable[[str, int], None],
+    spill: Path,
+) -> StoredLogits:
+    """The unquantized graph's logits on the agreement windows (those ``agreement_of_dirs`` scores
+    the staged candidate on), computed by a session that reads the graph's weights from its mapped
+    external data (``low_memory``) and freed before the candidate loads."""
+    from specls.models.agreement import agreement_windows
+
+    tokenizer = Tokenizer.from_file(stage / ref.spec.tokenizer_file)
+    windows = [ids for _, ids in agreement_windows(tokenizer.encode, agree, ref.spec.fim)]
+    logits = _mapped_graph_logits(ref.graph, ref.spec, agree.threads)
+    with _mapped_pages_dropped(ref.graph, True):  # left before the session goes with ``logits``
+        stored = StoredLogits(logits, windows, spill, lambda n: step("reference", n))
+    del logits
+    release_freed_memory(collect=True)
+    return stored
+
+
+def _mapped_graph_logits(graph: Path, spec: ModelSpec, threads: int) -> Callable[[Sequence[int]], np.ndarray]:
+    """``models.agreement.graph_logits`` with the session reading constant weights in place (no
+    pre-packed copies): ids -> logits [n, vocab] of a fresh sequence."""
+    import onnxruntime as ort
+    from specls.models import runtime
+    from specls.models.head import load_head_ids, scatter_head
+
+    head_ids = load_head_ids(graph.parent, spec)
+    so = runtime.session_options(runtime.RuntimeSettings(threads=threads))  # what serving runs with
+    so.add_session_config_entry(NO_PREPACKING, "1")
+    sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+    np_dtype = np.float16 if spec.dtype == "fp16" else np.float32
+    empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=np_dtype)
+    past = dict.fromkeys((*spec.past_key_names, *spec.past_value_names), empty)
+
+    def fn(ids: Sequence[int]) -> np.ndarray:
+        n = len(ids)
+        feed: dict[str, np.ndarray] = {
+            "input_ids": np.asarray(ids, dtype=np.int64)[None, :],
+            "attention_mask": np.ones((1, n), dtype=np.int64),
+        }
+        if spec.uses_position_ids:
+            feed["position_ids"] = np.arange(n, dtype=np.int64)[None, :]
+        if spec.keeps_logits:
+            feed[LOGITS_TO_KEEP] = np.array([n], dtype=np.int64)  # every position is scored
+        feed.update(past)
+        (logits,) = sess.run([spec.logits_name], feed)  # [1, n, head]
+        return scatter_head(np.asarray(logits[0]), head_ids, spec.vocab_size)  # [n, vocab]
+
+    return fn
+
+
 def _log_memory(stage: str) -> None:
-    """Log the process' peak RSS so far (what the 2x-weights budget of an export is measured by)."""
+    """Log the process' resident memory now and its peak so far (what an export's budget is measured by)."""
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    log.info("export: %s (peak RSS so far %.2f GB)", stage, peak * 1024 / 1e9)
+    try:
+        now = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        now = 0
+    log.info("export: %s (RSS %.2f GB, peak so far %.2f GB)", stage, now / 1e9, peak * 1024 / 1e9)
 
 
 def _load_torch_model(
@@ -951,13 +1068,41 @@ def verify_export(
     cache handling is checked too."""
     import onnxruntime as ort
 
-    seq, ref = reference.ids, reference.logits
-
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     graph = out_dir / (onnx_file or spec.onnx_file)
+    if options.low_memory:
+        so.add_session_config_entry(NO_PREPACKING, "1")
     sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+    with _mapped_pages_dropped(graph, options.low_memory):
+        diffs, agree = _verify_runs(sess, reference, spec)
+    del sess
+    tol = options.tolerance
+    if spec.dtype == "fp16":
+        # fp16 rounding error grows with the logits' magnitude: the tolerance is per 10 units of it
+        tol = options.fp16_tolerance * max(1.0, float(np.abs(reference.logits).max()) / 10.0)
+    return VerifyResult(max_abs_diff=diffs, argmax_agree=agree, tolerance=tol)
+
+
+# ONNX Runtime's session option that keeps constant MatMul weights where they are (a mapped
+# external data file) instead of copying them into packed buffers in memory
+NO_PREPACKING = "session.disable_prepacking"
+
+
+def _mapped_pages_dropped(graph: Path, low_memory: bool) -> contextlib.AbstractContextManager[Any]:
+    """While a session of ``graph`` runs: drop the pages of its mapped external data as they are
+    read (``low_memory``), so the fp32 weights are never all resident."""
+    from specls.models.mapped_weights import PageEvictor
+
+    return PageEvictor(roots=[graph.parent]) if low_memory else contextlib.nullcontext()
+
+
+def _verify_runs(
+    sess: Any, reference: TorchReference, spec: ModelSpec
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The prefill, N=5 and N=1 passes of ``verify_export``: max |diff| and argmax agreement each."""
+    seq, ref = reference.ids, reference.logits
     np_dtype = np.float16 if spec.dtype == "fp16" else np.float32
     past = [
         np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=np_dtype) for _ in range(2 * spec.num_layers)
@@ -982,12 +1127,7 @@ def verify_export(
         agree[label] = float(np.mean(np.argmax(logits, -1) == np.argmax(want, -1)))
         past = list(outs[1:])
         start += n
-    del sess
-    tol = options.tolerance
-    if spec.dtype == "fp16":
-        # fp16 rounding error grows with the logits' magnitude: the tolerance is per 10 units of it
-        tol = options.fp16_tolerance * max(1.0, float(np.abs(ref).max()) / 10.0)
-    return VerifyResult(max_abs_diff=diffs, argmax_agree=agree, tolerance=tol)
+    return diffs, agree
 
 
 def read_report(model_dir: Path) -> dict[str, Any]:

@@ -160,12 +160,120 @@ def load_gguf_model(path: Path, dtype: Any, attn_implementation: str) -> tuple[A
     return model, config
 
 
+# tensors of more elements than this are dequantized a block of rows at a time
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def load_gguf_model_mapped(path: Path, scratch: Path, attn_implementation: str) -> tuple[Any, Any, Any]:
+    """(model, config, weights): what ``load_gguf_model(path, torch.float32, ...)`` returns, bit for bit,
+    without the fp32 weights ever being in memory together. Each GGUF tensor is dequantized (large
+    ones a block of rows at a time) and appended to ``scratch`` (a ``WeightFile``); the model is built
+    without weights and its parameters become read-only views of the file's memory map. ``weights``
+    (the ``WeightFile``) must outlive the model; its pages are dropped by a ``PageEvictor`` over
+    ``scratch``'s directory. Raises GgufError as ``load_gguf_model`` does."""
+    import torch
+    from specls.models.mapped_weights import WeightFile
+
+    path = Path(path)
+    info = read_gguf_info(path)
+    log.info("GGUF %s: %s (%s), streamed to %s", path.name, info.name or "?", info.architecture, scratch)
+    try:
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        with init_empty_weights(include_buffers=False):  # parameters on "meta", buffers computed
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation=attn_implementation, dtype=torch.float32
+            )
+        weights = WeightFile(scratch)
+        _dequantize_into(path, model, weights)
+    except GgufError:
+        raise
+    except Exception as exc:
+        raise GgufError(
+            f"{path}: transformers cannot load this GGUF (architecture {info.architecture!r}; "
+            f"{type(exc).__name__}: {exc})"
+        ) from None
+    import warnings
+
+    with warnings.catch_warnings():  # read-only views: nothing writes to an inference model's weights
+        warnings.simplefilter("ignore", UserWarning)
+        state = {k: torch.from_numpy(v) for k, v in weights.arrays().items()}
+        result = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    missing = [k for k, p in model.state_dict().items() if p.is_meta]
+    if missing or result.unexpected_keys:
+        raise GgufError(
+            f"{path}: the GGUF tensors do not fill the model (missing {missing[:8]}, unexpected "
+            f"{list(result.unexpected_keys)[:8]})"
+        )
+    model.eval()
+    return model, config, weights
+
+
+def _dequantize_into(path: Path, model: Any, weights: Any) -> None:
+    """Dequantize every tensor of ``path`` the way transformers' ``load_gguf_checkpoint`` does (same
+    name map, same per-architecture processing) into ``weights``, one tensor at a time."""
+    from gguf import GGUFReader
+    from specls.models.mapped_weights import PageEvictor
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        LlamaTensorProcessor,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+        read_field,
+    )
+
+    parsed = load_gguf_checkpoint(str(path), return_tensors=False)
+    reader = GGUFReader(str(path))
+    arch = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed.get("config", {}))
+    key_map = get_gguf_hf_weights_map(model, processor)
+    # row blocks give the same values as whole tensors where processing leaves the tensor as is
+    # (the base processor; Llama's permutes only the Q and K rows)
+    rowwise = type(processor) in (TensorProcessor, LlamaTensorProcessor)
+    with PageEvictor(arrays=[reader.data]):  # the file's pages, once dequantized
+        for tensor in reader.tensors:
+            _dequantize_one(tensor, processor, key_map, parsed, weights, rowwise)
+    del reader
+
+
+def _dequantize_one(
+    tensor: Any, processor: Any, key_map: dict[str, str], parsed: dict[str, Any], weights: Any, rowwise: bool
+) -> None:
+    """One GGUF tensor into ``weights`` under its Hugging Face name (skipped when it has none)."""
+    import numpy as np
+    from gguf import dequantize
+
+    name, data, qtype = tensor.name, tensor.data, tensor.tensor_type
+    big = int(tensor.n_elements) > _CHUNK_ELEMENTS and data.ndim == 2
+    if big and rowwise and not name.endswith(("attn_q.weight", "attn_k.weight")):
+        if name not in key_map:
+            return
+        rows = int(data.shape[0])
+        step = max(1, _CHUNK_ELEMENTS * rows // int(tensor.n_elements))
+        shape = (rows, *dequantize(data[:1], qtype).shape[1:])
+        chunks = (dequantize(data[i : i + step], qtype) for i in range(0, shape[0], step))
+        weights.add(key_map[name], shape, np.dtype(np.float32), chunks)
+        return
+    result = processor.process(
+        weights=dequantize(data, qtype), name=name, tensor_key_mapping=key_map, parsed_parameters=parsed
+    )
+    if result.name not in key_map:
+        return
+    w = np.asarray(result.weights)  # the model's parameters are fp32: cast as loading them would
+    weights.add(key_map[result.name], w.shape, np.dtype(np.float32), iter([w]))
+
+
 __all__ = [
     "GGUF_SUFFIX",
     "GgufError",
     "GgufInfo",
     "find_gguf",
     "load_gguf_model",
+    "load_gguf_model_mapped",
     "load_gguf_tokenizer",
     "read_gguf_info",
 ]
