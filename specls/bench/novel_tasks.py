@@ -125,7 +125,7 @@ def novel_tasks(sdists: Path, workdir: Path, n: int, seed: int) -> list[NovelTas
     turn = 0
     while len(tasks) < n and any(b or c for _, b, c in pools):
         root, bodies, lines = pools[turn % len(pools)]
-        pool = bodies if len(tasks) % 2 == 0 else lines
+        pool = bodies if (turn // len(pools)) % 2 == 0 else lines  # each package gets both kinds
         pool = pool or bodies or lines
         if pool:
             tasks.append(NovelTask(pool.pop(), root))
