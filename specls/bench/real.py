@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from specls.bench.decode import Point, hf_greedy, make_points, source_files
+from specls.bench.lookup_levers import LEVERS, LookupLevers
+from specls.bench.novel_tasks import DOWNLOAD, NovelTask, novel_tasks, workspace_of
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
 from specls.model_options import resolve_threads
 
@@ -63,10 +65,12 @@ logger = logging.getLogger(__name__)
 SPECLS = ("plain", "lookup", "draft", "hybrid")
 LLAMA = ("llama-plain", "llama-draft", "llama-ngram", "llama-ngram-map")
 HF = ("hf-greedy", "hf-assisted")
-TASKS = ("64", "short")
+# novel: held-out tasks with little to copy (specls.bench.novel_tasks), a 64-token budget, reported apart
+TASKS = ("64", "short", "novel")
+DEFAULT_TASKS = ("64", "short")
 # the reference each method's output must equal token for token (its own engine's plain greedy)
 REFERENCE = {
-    **{m: "plain" for m in SPECLS},
+    **{m: "plain" for m in (*SPECLS, *LEVERS)},
     **{m: "llama-plain" for m in LLAMA},
     **{m: "hf-greedy" for m in HF},
 }
@@ -83,7 +87,9 @@ class RealBenchOptions:
     files: str | None = None  # glob; None = held-out stdlib test files
     n: int = 8
     max_tokens: int = 64
-    tasks: tuple[str, ...] = TASKS
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    novel_sdists: str | None = None  # the novel tasks' source archives (``novel_tasks.DOWNLOAD``)
+    datastore: str = "stdlib"  # the lookup levers' datastore (``specls datastore build --from``)
     seed: int = 0
     threads: int = 1
     methods: tuple[str, ...] = ()  # subset to run (() = all); each method's reference is added
@@ -675,7 +681,18 @@ def register(sub: Any) -> None:
     p.add_argument("--files", default=None, help="glob of source files (default: held-out stdlib tests)")
     p.add_argument("--n", type=int, default=d.n, help="completion points")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
-    p.add_argument("--tasks", default=",".join(TASKS), help="task classes: 64 (budget only), short (to EOL)")
+    p.add_argument(
+        "--tasks",
+        default=",".join(DEFAULT_TASKS),
+        help="task classes: 64 (budget only), short (to EOL), novel (code with little to copy: --novel-sdists)",
+    )
+    p.add_argument("--novel-sdists", default=None, metavar="DIR", help=f"novel tasks' sources: {DOWNLOAD}")
+    p.add_argument(
+        "--datastore",
+        default=d.datastore,
+        metavar="CORPUS",
+        help="the lookup levers' datastore (built if missing)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads, help="threads for every engine")
     p.add_argument(
@@ -701,7 +718,9 @@ def options_from_args(args: argparse.Namespace) -> RealBenchOptions:
     bad = [t for t in tasks if t not in TASKS]
     if bad or not tasks:
         raise SystemExit(f"specls bench real: --tasks must be from {', '.join(TASKS)} (got {args.tasks!r})")
-    known = (*SPECLS, *LLAMA, *HF)
+    if "novel" in tasks and not args.novel_sdists:
+        raise SystemExit(f"specls bench real: --tasks novel needs --novel-sdists DIR ({DOWNLOAD})")
+    known = (*SPECLS, *LEVERS, *LLAMA, *HF)
     methods = tuple(m.strip() for m in str(args.methods).split(",") if m.strip())
     unknown = [m for m in methods if m not in known]
     if unknown:
@@ -719,6 +738,8 @@ def options_from_args(args: argparse.Namespace) -> RealBenchOptions:
         n=args.n,
         max_tokens=args.max_tokens,
         tasks=tasks,
+        novel_sdists=args.novel_sdists,
+        datastore=args.datastore,
         seed=args.seed,
         threads=resolve_threads(args.threads),  # 0: auto, as everywhere
         hf=args.hf,
@@ -780,8 +801,13 @@ def run_bench(opt: RealBenchOptions) -> int:
         cut_context(p, opt.prefix_chars, opt.suffix_chars)
         for p in make_points(source_files(opt.files), opt.n, opt.seed)
     ]
-    if not points:
-        say("specls bench real: no usable source files\n")
+    novel = (
+        novel_tasks(Path(opt.novel_sdists), Path(tempfile.mkdtemp(prefix="specls-novel-")), opt.n, opt.seed)
+        if "novel" in opt.tasks and opt.novel_sdists
+        else []
+    )
+    if (not points and set(opt.tasks) - {"novel"}) or ("novel" in opt.tasks and not novel):
+        say("specls bench real: no usable source files (or novel tasks)\n")
         return 2
     base = engine_settings(
         {"model": opt.model, "draft": opt.draft, "threads": opt.threads},
@@ -816,8 +842,11 @@ def run_bench(opt: RealBenchOptions) -> int:
             say(f"bench real: HF baselines unavailable ({exc}); going on without them\n")
             hf = None
     chosen = selected(opt.methods)
-    methods = [m for m in (*SPECLS, *LLAMA, *(HF if hf is not None else ())) if m in chosen]
+    if not opt.methods and "novel" in opt.tasks:
+        chosen |= set(LEVERS)  # what each lookup source adds on code with little to copy
+    methods = [m for m in (*SPECLS, *LEVERS, *LLAMA, *(HF if hf is not None else ())) if m in chosen]
     engines = {m: e for m, e in engines.items() if m in chosen}
+    levers = LookupLevers(hybrid, base, opt.datastore)
     results: dict[str, dict[str, Cell]] = {t: {m: Cell() for m in methods} for t in opt.tasks}
     eos = sorted(hybrid.models.eos_ids)
     log_dir = Path(tempfile.mkdtemp(prefix="specls-bench-real-"))
@@ -829,13 +858,12 @@ def run_bench(opt: RealBenchOptions) -> int:
                 f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
                 f"llama-server logs in {log_dir}\n"
             )
-            _warm_up(engines, llama, points[0])
-            for i, point in enumerate(points):
-                for task in opt.tasks:
-                    line = _one_point(opt, engines, llama, hf, hf_tok, eos, point, i, task, results[task])
-                    say(
-                        f"  [{i + 1}/{len(points)}] {task:5s} {point.kind:4s} {Path(point.path).name}: {line}\n"
-                    )
+            _warm_up(engines, llama, (points or [t.point for t in novel])[0])
+            for i, task, point, package in _schedule(opt.tasks, points, novel):
+                here = {**engines, **_lever_engines(levers, chosen, package, novel)}
+                line = _one_point(opt, here, llama, hf, hf_tok, eos, point, i, task, results[task])
+                total = len(novel) if task == "novel" else len(points)
+                say(f"  [{i + 1}/{total}] {task:5s} {point.kind:4s} {Path(point.path).name}: {line}\n")
     except LlamaError as exc:
         say(f"specls bench real: {exc}\n")
         return 2
@@ -851,6 +879,8 @@ def run_bench(opt: RealBenchOptions) -> int:
     )
     summaries = {t: {m: summarize(c) for m, c in cells.items()} for t, cells in results.items()}
     for line in render_against_llama(summaries):
+        print(line)
+    for line in levers.report():
         print(line)
     # the costs each planned by and what each chose (lookup alone learns in a state of its own)
     policy = hybrid.stats()["drafting_policy"]
@@ -884,6 +914,7 @@ def run_bench(opt: RealBenchOptions) -> int:
             },
             "drafting_policy": policy,
             "lookup_policy": lookup_policy,
+            "lookup_sources": levers.costs,
             "divergences": {
                 t: {m: c.first_divergence for m, c in cells.items() if c.first_divergence}
                 for t, cells in results.items()
@@ -893,12 +924,34 @@ def run_bench(opt: RealBenchOptions) -> int:
     return 0
 
 
+def _schedule(
+    tasks: Sequence[str], points: list[Point], novel: list[NovelTask]
+) -> Iterator[tuple[int, str, Point, Path | None]]:
+    """(index, task class, point, its package or None) with the task classes interleaved per index."""
+    for i in range(max(len(points), len(novel))):
+        for task in tasks:
+            if task == "novel" and i < len(novel):
+                yield i, task, novel[i].point, novel[i].package
+            elif task != "novel" and i < len(points):
+                yield i, task, points[i], None
+
+
+def _lever_engines(
+    levers: LookupLevers, chosen: set[str], package: Path | None, novel: list[NovelTask]
+) -> dict[str, Any]:
+    """The lever methods' engines for a point of ``package`` (its workspace leaves every task file out)."""
+    exclude = workspace_of(novel).get(package, []) if package is not None else []
+    return {m: levers.engine(m, package, exclude) for m in LEVERS if m in chosen}
+
+
 def selected(methods: Sequence[str]) -> set[str]:
     """The methods to run: all when none are named; specls plain always (its prompt goes to every
     engine and the ratios are against it) and each named method's reference.
 
     >>> sorted(selected(["llama-draft"]))
     ['llama-draft', 'llama-plain', 'plain']
+    >>> sorted(selected(["lookup+datastore"]))
+    ['lookup+datastore', 'plain']
     """
     if not methods:
         return {*SPECLS, *LLAMA, *HF}
@@ -929,7 +982,7 @@ def _one_point(
     runs: dict[str, Run] = {}
     prompt: list[int] = []
     for name in [
-        m for m in SPECLS if m in cells
+        m for m in (*SPECLS, *LEVERS) if m in cells
     ]:  # plain first: it is the reference, and its prompt goes to the others
         runs[name] = _specls_run(engines[name], point, f"p{i}-{task}-{name}", opt.max_tokens, task)
         if name == "plain":
@@ -951,6 +1004,6 @@ def _one_point(
 
     for name, r in runs.items():
         ref = REFERENCE[name]
-        on_specls = name in SPECLS  # llama's and HF's graphs are their own
+        on_specls = name in SPECLS or name in LEVERS  # llama's and HF's graphs are their own
         record(cells[name], r, None if name == ref else runs[ref], i, margin if on_specls else None)
     return " ".join(f"{m}={r.e2e_ms:.0f}ms/{len(r.tokens)}t" for m, r in runs.items())

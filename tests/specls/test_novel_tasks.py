@@ -3,8 +3,11 @@ archives, cut to the line limits, and workspaces that leave the task files out."
 
 from __future__ import annotations
 
+import json
 import tarfile
 from pathlib import Path
+
+import pytest
 
 from specls.bench.novel_tasks import AFTER_LINES, BEFORE_LINES, body_points, novel_tasks, workspace_of
 
@@ -69,3 +72,39 @@ def test_novel_tasks_from_source_archives(tmp_path: Path) -> None:
     assert all(Path(t.point.path) in held[t.package] for t in tasks)
     again = novel_tasks(sdists, tmp_path / "again", n=6, seed=0)
     assert [t.point.middle for t in again] == [t.point.middle for t in tasks]  # seeded
+
+
+@pytest.mark.slow
+def test_bench_real_novel_tasks_with_the_lookup_levers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specls.bench import real
+
+    monkeypatch.delenv("SPECLS_CACHE", raising=False)
+    sdists = tmp_path / "sdists"
+    sdists.mkdir()
+    _sdist(sdists, "alpha")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "lib.py").write_text(MODULE.replace("area", "size"))
+    (tmp_path / "t.gguf").write_bytes(b"GGUF")
+    out = tmp_path / "real.json"
+    opt = real.RealBenchOptions(
+        gguf_target=str(tmp_path / "t.gguf"),
+        gguf_draft=str(tmp_path / "t.gguf"),
+        n=2,
+        max_tokens=8,
+        tasks=("novel",),
+        novel_sdists=str(sdists),
+        datastore=str(corpus),  # not built yet: the bench builds it and says what it cost
+        methods=("lookup", "lookup+workspace", "lookup+datastore"),
+        json_out=str(out),
+    )
+    assert real.run_bench(opt) == 0
+    data = json.loads(out.read_text())
+    results = data["results"]["novel"]
+    assert set(results) == {"plain", "lookup", "lookup+workspace", "lookup+datastore"}
+    assert all(r["identical"] == 1.0 for r in results.values())  # Not a lever's guess
+    sources = data["lookup_sources"]
+    assert "workspace alpha" in sources and "datastore (built now)" in sources
+    assert all(s["tokens"] > 0 and "start_s" in s for s in sources.values())
