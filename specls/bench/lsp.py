@@ -8,6 +8,12 @@ speed varies (seeded) and pauses at line ends, where a suggestion has time to ar
 (``--wait-at-line-end``: until it has arrived, the way a user waits for a slow engine's ghost text;
 ``--read-ms``: and then reads it, long enough for a line-first answer's block to be decoded).
 
+``--next-edit``: also asks for a next edit (``textDocument/copilotInlineEdit``) at every pause, as
+next-edit clients do (after ``next_edit_debounce_ms`` without a keystroke; a keystroke cancels it), and
+reports its latency, the edits that named a version other than the request's (stale: must be 0) and
+the completions' keystroke latency of the same replay without next edits (a second server), to show
+that completions do not wait for next edits.
+
 Prints keystroke->result latency p50/p95 (client side: from the keystroke's didChange to the answer of
 the request it triggered), answered/served/cancelled counts, and the server's counters from
 ``specls/stats``: prefill tokens per request, prefix-reuse and completion-reuse rates, tokens wasted by
@@ -23,7 +29,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +59,8 @@ class LspBenchSettings:
     threads: int = 1
     max_tokens: int = 32
     server: tuple[str, ...] = ()  # extra `specls serve` arguments (--model, --draft, --no-draft)
+    next_edit: bool = False  # also ask for next edits at pauses (and replay once more without them)
+    next_edit_debounce_ms: float = 300.0  # a pause this long asks for a next edit
     timeout_s: float = 120.0
 
 
@@ -72,6 +80,97 @@ class Tally:
     through_latency_ms: list[float] = field(default_factory=list)
     other_latency_ms: list[float] = field(default_factory=list)
     request_ms: list[float] = field(default_factory=list)  # request sent -> answer
+    next_edit: NextEditTally = field(default_factory=lambda: NextEditTally())
+
+
+@dataclass
+class NextEditTally:
+    requests: int = 0
+    answered: int = 0  # a response, possibly empty
+    edits: int = 0  # a response with an edit
+    cancel_sent: int = 0
+    cancelled: int = 0  # came back as RequestCancelled
+    stale: int = 0  # an edit for a version other than the one its request named (must be 0)
+    late: int = 0  # an edit that arrived after the next keystroke (the client drops it by its version)
+    errors: list[str] = field(default_factory=list)
+    latency_ms: list[float] = field(default_factory=list)  # request sent -> answer (answered ones)
+    edit_latency_ms: list[float] = field(default_factory=list)  # ... with an edit
+
+
+class NextEditAsker:
+    """The replay's next-edit client: after a pause it asks at the cursor for the current version; a
+    keystroke cancels the pending ask and the request in flight."""
+
+    def __init__(self, client: Any, uri: str, s: LspBenchSettings, tally: NextEditTally) -> None:
+        self.client, self.uri, self.s, self.tally = client, uri, s, tally
+        self.version = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.inflight: dict[str, asyncio.Future[Any]] = {}
+        self.done: list[asyncio.Future[None]] = []
+        self.seq = 0
+
+    def keystroke(self, version: int, line: int, character: int) -> None:
+        from lsprotocol import types
+
+        if self.timer is not None:
+            self.timer.cancel()
+        for msg_id in list(self.inflight):
+            self.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+            self.tally.cancel_sent += 1
+        self.version = version
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.s.next_edit_debounce_ms / 1000, self.ask, version, line, character)
+
+    def ask(self, version: int, line: int, character: int) -> None:
+        self.seq += 1
+        msg_id = f"e{self.seq}:{self.uri}"
+        params = {
+            "textDocument": {"uri": self.uri, "version": version},
+            "position": {"line": line, "character": character},
+        }
+        fut = asyncio.wrap_future(
+            self.client.protocol.send_request("textDocument/copilotInlineEdit", params, msg_id=msg_id)
+        )
+        self.inflight[msg_id] = fut
+        self.tally.requests += 1
+        self.done.append(asyncio.ensure_future(self.finish(msg_id, fut, version, time.perf_counter())))
+
+    async def finish(self, msg_id: str, fut: asyncio.Future[Any], version: int, sent: float) -> None:
+        from pygls.exceptions import JsonRpcException
+
+        try:
+            result = _plain(await asyncio.wait_for(fut, self.s.timeout_s))
+        except JsonRpcException as exc:
+            if getattr(exc, "code", None) == CANCELLED or "cancel" in str(exc).lower():
+                self.tally.cancelled += 1
+            else:
+                self.tally.errors.append(str(exc))
+            return
+        except TimeoutError:
+            self.tally.errors.append(f"next edit {msg_id} timed out")
+            return
+        finally:
+            self.inflight.pop(msg_id, None)
+        ms = (time.perf_counter() - sent) * 1000
+        self.tally.answered += 1
+        self.tally.latency_ms.append(ms)
+        edits = (result or {}).get("edits") or []
+        if edits:
+            self.tally.edits += 1
+            self.tally.edit_latency_ms.append(ms)
+            named = [e.get("textDocument", {}).get("version") for e in edits]
+            self.tally.stale += sum(1 for v in named if v != version)
+            self.tally.late += int(self.version != version)
+
+    async def wait(self) -> None:
+        """Wait for the pending ask to be sent and answered (a user waiting at a line end)."""
+        await asyncio.sleep(self.s.next_edit_debounce_ms / 1000 + 0.01)
+        await asyncio.gather(*[asyncio.shield(f) for f in self.inflight.values()], return_exceptions=True)
+
+    async def drain(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        await asyncio.gather(*self.done)
 
 
 def _utf16_len(s: str) -> int:
@@ -133,6 +232,7 @@ async def _type_file(
     seq = 0
     loop = asyncio.get_running_loop()
     done: list[asyncio.Future[None]] = []
+    edits = NextEditAsker(client, uri, s, tally.next_edit) if s.next_edit else None
 
     async def finish(
         msg_id: str, fut: asyncio.Future[Any], key_t: float, sent_t: float, at: tuple[int, int, bool]
@@ -210,6 +310,8 @@ async def _type_file(
         rest = shown[2][len(ch) :] if shown is not None and through else ""
         shown = (line, col, rest) if rest else None  # the editor keeps the rest of it on screen
         pending_timer = loop.call_later(s.debounce_ms / 1000, ask, key_t, line, col, through)
+        if edits is not None:
+            edits.keystroke(version, line, col)
         gap = rng.uniform(s.min_key_ms, s.max_key_ms) + (s.line_pause_ms if ch == "\n" else 0.0)
         await asyncio.sleep(gap / 1000)
         if ch == "\n" and s.wait_at_line_end:
@@ -217,11 +319,15 @@ async def _type_file(
             await asyncio.gather(
                 *[asyncio.shield(f) for f, _, _ in inflight.values()], return_exceptions=True
             )
+            if edits is not None:
+                await edits.wait()
         if ch == "\n" and s.read_ms > 0:
             await asyncio.sleep(s.read_ms / 1000)
     await asyncio.sleep(s.debounce_ms / 1000 + 0.01)
     if done:
         await asyncio.gather(*done)
+    if edits is not None:
+        await edits.drain()
     client.text_document_did_close(
         types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
     )
@@ -350,7 +456,38 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
             )
         },
         "engine": server_stats.get("engine", {}),
+        **({"next_edit": _next_edit_report(tally.next_edit, srv)} if s.next_edit else {}),
     }
+
+
+def _next_edit_report(t: NextEditTally, srv: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "requests": t.requests,
+        "answered": t.answered,
+        "edits": t.edits,
+        "cancel_sent": t.cancel_sent,
+        "cancelled": t.cancelled,
+        "stale": t.stale,
+        "late": t.late,
+        "errors": t.errors[:5],
+        "error_count": len(t.errors),
+        "request_to_result_ms": _percentiles(t.latency_ms),
+        "request_to_edit_ms": _percentiles(t.edit_latency_ms),
+        "server": srv.get("next_edit", {}),
+    }
+
+
+async def run_next_edit_bench(s: LspBenchSettings) -> dict[str, Any]:
+    """The replay with next edits, then the same replay without them on a fresh server: the
+    completions' keystroke latency side by side."""
+    report = await run_bench(s)
+    without = await run_bench(replace(s, next_edit=False))
+    report["without_next_edits"] = {
+        k: without[k]
+        for k in ("keystroke_to_result_ms", "keystroke_to_suggestion_ms", "request_to_result_ms", "served")
+    }
+    report["error_count"] += without["error_count"]
+    return report
 
 
 def _percentiles(ms: list[float]) -> dict[str, float | int]:
@@ -387,6 +524,8 @@ def _print(report: dict[str, Any]) -> None:
         f"server: line-first blocks decoded in the background {srv.get('continuations')}  "
         f"finished {srv.get('continued')}  preempted {srv.get('continuations_preempted')}"
     )
+    if "next_edit" in report:
+        _print_next_edit(report)
     eng = report.get("engine") or {}
     if "latency_ms_p50" in eng:
         print(
@@ -419,9 +558,10 @@ def _run(args: argparse.Namespace) -> int:
         wait_at_line_end=args.wait_at_line_end,
         read_ms=args.read_ms,
         server=tuple(server),
+        next_edit=args.next_edit,
     )
     try:
-        report = asyncio.run(run_bench(settings))
+        report = asyncio.run(run_next_edit_bench(settings) if settings.next_edit else run_bench(settings))
     except RuntimeError as exc:
         print(f"specls bench lsp: {exc}", file=sys.stderr)
         return 1
@@ -458,5 +598,33 @@ def register(kinds: Any) -> None:
         default=d.read_ms,
         help="after Enter (and the wait), pause this long before typing on: lets line-first blocks finish",
     )
+    p.add_argument(
+        "--next-edit",
+        action="store_true",
+        help="also ask for next edits at pauses; their latency, stale answers (must be 0), and the "
+        "completions' latency of the same replay without next edits",
+    )
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     p.set_defaults(func=_run)
+
+
+def _print_next_edit(report: dict[str, Any]) -> None:
+    n = report["next_edit"]
+    r, e = n["request_to_result_ms"], n["request_to_edit_ms"]
+    print(
+        f"next edits: requests {n['requests']}  answered {n['answered']}  with an edit {n['edits']}  "
+        f"cancelled {n['cancelled']} ({n['cancel_sent']} sent)  stale {n['stale']} (must be 0)  "
+        f"late {n['late']}  errors {n['error_count']}"
+    )
+    print(f"next edit request->result  p50 {r['p50']:.1f} ms  p95 {r['p95']:.1f} ms  (n={r['n']})")
+    print(f"next edit request->edit  p50 {e['p50']:.1f} ms  p95 {e['p95']:.1f} ms  (n={e['n']})")
+    srv = n["server"]
+    print(
+        f"server next edits: answered {srv.get('answered')}  cancelled {srv.get('cancelled')}  "
+        f"stale dropped {srv.get('stale_dropped')}  tokens wasted {srv.get('tokens_wasted')}"
+    )
+    k, w = report["keystroke_to_result_ms"], report["without_next_edits"]["keystroke_to_result_ms"]
+    print(
+        f"completions keystroke->result  with next edits p50 {k['p50']:.1f} ms  p95 {k['p95']:.1f} ms  |  "
+        f"without p50 {w['p50']:.1f} ms  p95 {w['p95']:.1f} ms"
+    )
