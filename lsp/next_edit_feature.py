@@ -304,7 +304,7 @@ class NextEdits:
         """``textDocument/didShowInlineEdit`` (``{item: {command: ...}}``, the item or its command):
         counted once per offered edit."""
         suggestion_id = _command_id(_field(params, "item", "command"))
-        if suggestion_id in self._offered and suggestion_id not in self._shown:
+        if suggestion_id is not None and suggestion_id in self._offered and suggestion_id not in self._shown:
             self._shown.add(suggestion_id)
             self.counters.shown += 1
 
