@@ -42,6 +42,9 @@ class CompletionRequest:
     # Set by a scheduler under load (specls.team): upper bound on the speculation length for this
     # request; 0 = drafting off; None = the engine's own choice. Engines that cannot honour it ignore it.
     speculation_cap: int | None = None
+    # ``prefix`` is the whole prompt as it is (no fill-in-the-middle template, context or window;
+    # ``suffix`` unused): a raw completion such as a next-edit prompt sent by ``RemoteEngine``.
+    raw: bool = False
 
 
 @dataclass
