@@ -100,7 +100,9 @@ class DatastoreStats:
         }
 
 
-def concatenate(docs: Iterable[Sequence[int]], max_tokens: int | None = None) -> tuple[np.ndarray, int]:
+def concatenate(
+    docs: Iterable[Sequence[int] | np.ndarray], max_tokens: int | None = None
+) -> tuple[np.ndarray, int]:
     """The documents' tokens, each followed by ``SEPARATOR``, as one int32 array, and how many
     documents it holds; documents past ``max_tokens`` tokens in all are left out."""
     parts: list[np.ndarray] = []
@@ -172,7 +174,7 @@ class Datastore:
     @classmethod
     def build(
         cls,
-        docs: Iterable[Sequence[int]],
+        docs: Iterable[Sequence[int] | np.ndarray],
         depth: int = 16,
         name: str = "datastore",
         max_tokens: int | None = None,

@@ -108,18 +108,7 @@ def add_model_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     p.add_argument(
         "--no-lookup", dest="lookup", action="store_false", default=None, help="no prompt-lookup drafting"
     )
-    p.add_argument(
-        "--workspace",
-        action="store_true",
-        default=None,
-        help="prompt lookup also drafts from the project's files that are not open (indexed in the background)",
-    )
-    p.add_argument(
-        "--datastore",
-        metavar="CORPUS",
-        help="and from a code datastore: stdlib, site-packages or a folder built by `specls datastore "
-        "build`, or a datastore folder",
-    )
+    _add_lookup_arguments(p)
     p.add_argument(
         "--no-speculation",
         dest="speculation",
@@ -146,6 +135,22 @@ def add_model_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
         metavar="N",
         help="the most tokens one pass drafts (default 12); the drafting policy picks each pass's "
         "length up to it",
+    )
+
+
+def _add_lookup_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The flags of prompt lookup's sources beyond the open buffers (``LOOKUP_OPTIONS``)."""
+    p.add_argument(
+        "--workspace",
+        action="store_true",
+        default=None,
+        help="prompt lookup also drafts from the project's files that are not open (indexed in the background)",
+    )
+    p.add_argument(
+        "--datastore",
+        metavar="CORPUS",
+        help="and from code datastores: stdlib, site-packages or a folder built by `specls datastore "
+        "build`, or a datastore folder (several: comma-separated)",
     )
 
 

@@ -801,12 +801,8 @@ def run_bench(opt: RealBenchOptions) -> int:
         cut_context(p, opt.prefix_chars, opt.suffix_chars)
         for p in make_points(source_files(opt.files), opt.n, opt.seed)
     ]
-    novel = (
-        novel_tasks(Path(opt.novel_sdists), Path(tempfile.mkdtemp(prefix="specls-novel-")), opt.n, opt.seed)
-        if "novel" in opt.tasks and opt.novel_sdists
-        else []
-    )
-    if (not points and set(opt.tasks) - {"novel"}) or ("novel" in opt.tasks and not novel):
+    novel = _novel(opt)
+    if _missing_points(opt, points, novel):
         say("specls bench real: no usable source files (or novel tasks)\n")
         return 2
     base = engine_settings(
@@ -841,9 +837,7 @@ def run_bench(opt: RealBenchOptions) -> int:
         except (ImportError, OSError, ValueError) as exc:
             say(f"bench real: HF baselines unavailable ({exc}); going on without them\n")
             hf = None
-    chosen = selected(opt.methods)
-    if not opt.methods and "novel" in opt.tasks:
-        chosen |= set(LEVERS)  # what each lookup source adds on code with little to copy
+    chosen = selected(opt.methods) | (set(LEVERS) if not opt.methods and "novel" in opt.tasks else set())
     methods = [m for m in (*SPECLS, *LEVERS, *LLAMA, *(HF if hf is not None else ())) if m in chosen]
     engines = {m: e for m, e in engines.items() if m in chosen}
     levers = LookupLevers(hybrid, base, opt.datastore)
@@ -922,6 +916,22 @@ def run_bench(opt: RealBenchOptions) -> int:
         }
         Path(opt.json_out).write_text(json.dumps(data, indent=2))
     return 0
+
+
+def _novel(opt: RealBenchOptions) -> list[NovelTask]:
+    """The novel tasks, when asked for (unpacked into a temporary folder)."""
+    if "novel" not in opt.tasks or not opt.novel_sdists:
+        return []
+    import tempfile
+
+    return novel_tasks(
+        Path(opt.novel_sdists), Path(tempfile.mkdtemp(prefix="specls-novel-")), opt.n, opt.seed
+    )
+
+
+def _missing_points(opt: RealBenchOptions, points: list[Point], novel: list[NovelTask]) -> bool:
+    """No points for a task class asked for."""
+    return (not points and bool(set(opt.tasks) - {"novel"})) or ("novel" in opt.tasks and not novel)
 
 
 def _schedule(

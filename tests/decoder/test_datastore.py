@@ -20,7 +20,7 @@ from specls.decoder.datastore import (
 )
 from specls.decoder.drafters import PromptLookupDrafter
 from specls.decoder.loop import generate
-from specls.decoder.ngram import NgramIndex
+from specls.decoder.ngram import LookupMatch, NgramIndex
 from specls.decoder.planned import PlannedDrafter, PolicyState
 
 from tests.decoder.test_loop import FULL, LENGTHS, PROMPT, REF, TARGET, CheckedCache
@@ -48,7 +48,12 @@ def test_suffix_array_sorts_every_position_by_its_next_depth_tokens(seed: int, d
     assert got == _brute_sorted(tokens, depth)
 
 
-def _brute_occurrences(docs: list[list[int]], tail: list[int]) -> list[int]:
+def _m(match: LookupMatch | None) -> LookupMatch:
+    assert match is not None
+    return match
+
+
+def _brute_occurrences(docs: list[list[int]], tail: list[int]) -> list[int | None]:
     """The tokens right after each occurrence of ``tail`` inside a document (None past its end)."""
     out = []
     for doc in docs:
@@ -83,8 +88,8 @@ def test_occurrences_and_the_first_candidate_agree_with_brute_force(seed: int) -
 
 def test_the_longest_tail_wins_and_a_one_token_tail_is_not_a_match() -> None:
     ds = Datastore.build([[7, 1, 2, 3, 4, 5], [9, 2, 3, 8, 8]], depth=8)
-    assert ds.match([0, 1, 2, 3], 2).tokens == [4, 5]  # "1 2 3", not "2 3" (two continuations)
-    assert ds.match([0, 0, 2, 3], 1).tokens in ([4], [8])
+    assert _m(ds.match([0, 1, 2, 3], 2)).tokens == [4, 5]  # "1 2 3", not "2 3" (two continuations)
+    assert _m(ds.match([0, 0, 2, 3], 1)).tokens in ([4], [8])
     assert ds.match([0, 0, 0, 3], 3) is None  # min_n 2: a one-token tail matches too much
     assert ds.match([0, 0, 0, 6], 3) is None
 
@@ -101,9 +106,9 @@ def test_no_match_or_continuation_crosses_a_document_boundary() -> None:
 def test_the_walk_stops_where_the_continuations_disagree() -> None:
     docs = [[1, 2, 3, 10 + i] for i in range(3)] + [[1, 2, 3, 10]]
     ds = Datastore.build(docs, depth=8)
-    assert ds.match([1, 2], 4).tokens == [3, 10]  # 10 has 2 of 4: at the share
+    assert _m(ds.match([1, 2], 4)).tokens == [3, 10]  # 10 has 2 of 4: at the share
     strict = StaticLookup(min_share=0.6)
-    assert ds.match([1, 2], 4, strict).tokens == [3]
+    assert _m(ds.match([1, 2], 4, strict)).tokens == [3]
     # a first token with too small a share is no proposal at all
     ds2 = Datastore.build([[1, 2, 5], [1, 2, 6], [1, 2, 7]], depth=4)
     assert ds2.match([1, 2], 3) is None
@@ -113,7 +118,7 @@ def test_the_walk_stops_where_the_continuations_disagree() -> None:
 def test_max_tokens_leaves_whole_documents_out() -> None:
     ds = Datastore.build([[1, 2, 3], [4, 5, 6], [7, 8, 9]], max_tokens=8)
     assert ds.documents == 2 and len(ds) == 8
-    assert ds.match([5, 6], 1) is None and ds.match([4, 5], 1).tokens == [6]
+    assert ds.match([5, 6], 1) is None and _m(ds.match([4, 5], 1)).tokens == [6]
 
 
 def test_save_and_load_memory_mapped(tmp_path: Path) -> None:
@@ -133,15 +138,15 @@ def test_static_sources_are_consulted_in_order() -> None:
     assert sources.match([1, 2], 3) is None
     sources.set("workspace", Datastore.build([[1, 2, 3]], name="workspace"))
     sources.set("datastore", Datastore.build([[1, 2, 4], [5, 6, 7]], name="datastore"))
-    assert sources.match([1, 2], 3).source == "workspace"
-    assert sources.match([5, 6], 3).source == "datastore"
+    assert _m(sources.match([1, 2], 3)).source == "workspace"
+    assert _m(sources.match([5, 6], 3)).source == "datastore"
     sources.set("workspace", None)
-    assert sources.match([1, 2], 3).source == "datastore"
+    assert _m(sources.match([1, 2], 3)).source == "datastore"
     assert set(sources.stats()) == {"datastore"}
     ordered = StaticSources(order=("workspace", "datastore"))
     ordered.set("datastore", Datastore.build([[1, 2, 4]], name="datastore"))
     ordered.set("workspace", Datastore.build([[1, 2, 3]], name="workspace"))  # arrives later, still first
-    assert ordered.match([1, 2], 3).source == "workspace"
+    assert _m(ordered.match([1, 2], 3)).source == "workspace"
 
 
 def test_lookup_consults_static_sources_after_the_buffers() -> None:
@@ -150,8 +155,8 @@ def test_lookup_consults_static_sources_after_the_buffers() -> None:
     static = StaticSources()
     static.set("datastore", Datastore.build([[1, 2, 40, 41], [7, 8, 50, 51]], name="datastore"))
     drafter = PromptLookupDrafter(buffers, static=static)
-    assert drafter.match([9, 1, 2], 2).tokens == [30, 31]  # the open buffer first
-    m = drafter.match([9, 7, 8], 2)
+    assert _m(drafter.match([9, 1, 2], 2)).tokens == [30, 31]  # the open buffer first
+    m = _m(drafter.match([9, 7, 8], 2))
     assert (m.source, m.tokens) == ("datastore", [50, 51])  # nothing open has it
 
 
