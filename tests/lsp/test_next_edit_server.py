@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
 from pygls.protocol.json_rpc import JsonRPCNotification
 from pytest_lsp import LanguageClient
 from specls.lsp.cli import plain
@@ -151,3 +152,29 @@ async def test_shown_and_accepted_are_counted_once_per_edit() -> None:
         client.protocol._send_data(note)  # notify() would make it a request without an id
         assert (await next_edit_stats(client))["accepted"] == 2
         assert (await stats(client))["server"]["errors"] == 0
+
+
+async def test_cancel_request_stops_a_running_next_edit() -> None:
+    async with stdio_client(FAKE, fake_env(next_edit="3.14=>math.pi", pass_ms=800)) as (client, _):
+        await wait_state(client, ("ready",))
+        open_doc(client, URI, TEXT, version=1)
+        pending = asyncio.ensure_future(
+            client.protocol.send_request_async(INLINE_EDIT_METHOD, edit_params(URI, 1, 0, 0), msg_id="ne-1")
+        )
+        await engine_started_next_edit(client, 1)
+        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="ne-1"))
+        try:
+            result = plain(await asyncio.wait_for(pending, 30))
+            assert result == {"edits": []}
+        except JsonRpcRequestCancelled:
+            pass
+
+        async def counted() -> dict[str, Any]:
+            while (s := await next_edit_stats(client))["cancelled"] < 1:
+                await asyncio.sleep(0.02)
+            return s
+
+        s = await asyncio.wait_for(counted(), 30)
+        assert s["answered"] == 0
+        # the server is fine: the next request gets its edit
+        assert len(await next_edit(client, URI, 1, 0, 0)) == 1
