@@ -19,6 +19,12 @@ connection) gets a ``ClientSession`` -- itself an ``Engine`` -- whose calls are 
   request, 0 (drafting off) once the queue is deep enough that the target is the bottleneck or when
   recent acceptance is too low to pay for drafting under load. Decisions are counted in ``stats()``.
 
+Next edits (``ClientSession.next_edit``) queue the same way, fair between clients, but below every
+completion: a queued completion of any client starts before a queued next edit, and a completion
+request of a client cancels that client's queued or running next edit (outcome ``preempted``), so
+keystroke latency does not pay for next edits. A newer next edit for a document replaces the older
+one as a newer completion does; a completion and a next edit never replace each other.
+
 Document ids are namespaced per session so two editors with the same file open never share (or
 corrupt) each other's KV prefix; ``ClientSession.close`` closes all of its documents in the engine
 (freeing their KV caches) and cancels its outstanding requests.
@@ -38,8 +44,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specls.api import CompletionRequest, CompletionResult, Engine, EngineError
+from specls.api import (
+    CompletionRequest,
+    CompletionResult,
+    Engine,
+    EngineError,
+    NextEditRequest,
+    NextEditResult,
+    no_next_edit,
+)
 from specls.decoder.api import CancelCheck, never_cancelled
+from specls.next_edit.request_prompt import doc_path
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +85,14 @@ class RequestEvent:
     client: str
     session: int
     doc_id: str  # the client's own document id (not namespaced)
-    outcome: str  # served | cancelled | superseded | dropped | error
-    result: CompletionResult | None
+    outcome: str  # served | cancelled | superseded | preempted | dropped | error
+    result: CompletionResult | None  # a next edit's: its decode as a completion (text: the rewrite)
     latency_s: float  # submit -> result
     queued_s: float  # submit -> dispatch (or -> drop)
     speculation_cap: int | None
     speculation_reason: str | None = None  # None when never dispatched to the engine
     error: str | None = None
+    kind: str = "completion"  # completion | next_edit
 
 
 class SchedulerObserver(Protocol):
@@ -86,16 +102,33 @@ class SchedulerObserver(Protocol):
 @dataclass
 class _Job:
     session: ClientSession
-    request: CompletionRequest  # doc ids already namespaced
+    request: CompletionRequest | NextEditRequest  # doc ids already namespaced
     caller_cancelled: CancelCheck
     submitted: float
     done: threading.Event = field(default_factory=threading.Event)
-    result: CompletionResult | None = None
+    result: CompletionResult | NextEditResult | None = None
     error: BaseException | None = None
-    stop_flag: str | None = None  # superseded | dropped | disconnected
+    stop_flag: str | None = None  # superseded | preempted | dropped | disconnected
     dispatched: float | None = None
     cap: int | None = None
     cap_reason: str | None = None
+
+    @property
+    def doc_id(self) -> str:
+        return self.request.doc_id
+
+    @property
+    def is_edit(self) -> bool:
+        return isinstance(self.request, NextEditRequest)
+
+    def kind(self) -> str:
+        return "next_edit" if self.is_edit else "completion"
+
+    def unrun(self) -> CompletionResult | NextEditResult:
+        """The empty, cancelled answer of a request that never ran (or whose session left)."""
+        if isinstance(self.request, NextEditRequest):
+            return no_next_edit(self.request, "cancelled")
+        return _cancelled_result("unrun")
 
     def cancelled(self) -> bool:
         if self.stop_flag is not None:
@@ -109,6 +142,27 @@ class _Job:
 def _cancelled_result(reason: str) -> CompletionResult:
     del reason  # the reason travels in RequestEvent.outcome
     return CompletionResult(text="", tokens=0, stop_reason="cancelled", cancelled=True)
+
+
+def edit_as_completion(result: NextEditResult) -> CompletionResult:
+    """A next edit's decode in a completion's terms, for observers (metrics, request log).
+
+    >>> from specls.next_edit.edits import Region
+    >>> edit_as_completion(NextEditResult((), Region(0, 2), "x = 1\\n", tokens=4)).text
+    'x = 1\\n'
+    """
+    return CompletionResult(
+        text=result.rewritten or "",
+        tokens=result.tokens,
+        stop_reason=result.stop_reason,
+        cancelled=result.cancelled,
+        decode=result.decode,
+        prefix_reused_tokens=result.prefix_reused_tokens,
+        provider=result.provider,
+    )
+
+
+_OUTCOMES = ("superseded", "preempted", "dropped")  # why a request stopped, besides "cancelled"
 
 
 @dataclass(frozen=True)
@@ -168,6 +222,7 @@ class FairScheduler:
             "served": 0,
             "cancelled": 0,
             "superseded": 0,
+            "preempted": 0,
             "dropped": 0,
             "errors": 0,
         }
@@ -248,17 +303,31 @@ class FairScheduler:
         self, session: ClientSession, request: CompletionRequest, cancelled: CancelCheck = never_cancelled
     ) -> CompletionResult:
         """Queue ``request`` for ``session`` and block until it is served, dropped or cancelled."""
-        job = _Job(session, request, cancelled, time.monotonic())
+        result = self._submit(_Job(session, request, cancelled, time.monotonic()))
+        assert isinstance(result, CompletionResult)
+        return result
+
+    def submit_edit(
+        self, session: ClientSession, request: NextEditRequest, cancelled: CancelCheck = never_cancelled
+    ) -> NextEditResult:
+        """Queue a next edit for ``session`` (below every completion) and block until it is served,
+        dropped, preempted or cancelled."""
+        result = self._submit(_Job(session, request, cancelled, time.monotonic()))
+        assert isinstance(result, NextEditResult)
+        return result
+
+    def _submit(self, job: _Job) -> CompletionResult | NextEditResult:
+        session = job.session
         with self._cond:
             if self._closed:
                 raise EngineError("the completion service is shutting down")
             if self._sessions.get(session.id) is not session:
                 # The session closed between its caller's check and here: queueing would run the
                 # request after close freed the session's documents, and re-create one in the engine.
-                return _cancelled_result("disconnected")
+                return job.unrun()
             self._counts["submitted"] += 1
             q = self._queues.setdefault(session.id, deque())
-            to_finish = self._make_room(session, request, q)
+            to_finish = self._make_room(job, q)
             q.append(job)
             self._requeue_rr()
             depth = sum(len(x) for x in self._queues.values()) + len(self._running)
@@ -272,28 +341,23 @@ class FairScheduler:
         assert job.result is not None
         return job.result
 
-    def _make_room(
-        self, session: ClientSession, request: CompletionRequest, q: deque[_Job]
-    ) -> list[tuple[_Job, str]]:
-        """Caller holds the lock. Takes out of the queues, to make room for ``request`` in
-        ``session``'s queue ``q``, what must leave them, and returns each with why."""
+    def _make_room(self, job: _Job, q: deque[_Job]) -> list[tuple[_Job, str]]:
+        """Caller holds the lock. Takes out of the queues, to make room for ``job`` in its session's
+        queue ``q``, what must leave them, and returns each with why."""
         s = self.settings
         to_finish: list[tuple[_Job, str]] = []
         # Sweep requests whose callers already gave up: they free their slots now.
         for old in [j for j in q if j.cancelled()]:
             q.remove(old)
             to_finish.append((old, "cancelled"))
+        if not job.is_edit:  # a completion goes before the client's next edits: they stop
+            to_finish += self._take(q, job, lambda old: old.is_edit, "preempted", True)
         if s.replace_same_document:
-            for old in [j for j in q if j.request.doc_id == request.doc_id]:
-                q.remove(old)
-                to_finish.append((old, "superseded"))
-            for run in self._running:
-                if (
-                    s.cancel_superseded_running
-                    and run.session is session
-                    and run.request.doc_id == request.doc_id
-                ):
-                    run.stop_flag = "superseded"
+
+            def same(old: _Job) -> bool:  # a completion and a next edit never replace each other
+                return old.is_edit == job.is_edit and old.doc_id == job.doc_id
+
+            to_finish += self._take(q, job, same, "superseded", s.cancel_superseded_running)
         while len(q) >= max(1, s.per_client_queue):
             to_finish.append((q.popleft(), "dropped"))
         total = sum(len(x) for x in self._queues.values())
@@ -302,6 +366,20 @@ class FairScheduler:
             to_finish.append((self._queues[victim_sid].popleft(), "dropped"))
             total -= 1
         return to_finish
+
+    def _take(
+        self, q: deque[_Job], job: _Job, which: Callable[[_Job], bool], why: str, running: bool
+    ) -> list[tuple[_Job, str]]:
+        """Caller holds the lock: ``job``'s session's requests ``which`` leave its queue ``q`` (to
+        be finished with ``why``); with ``running``, its running ones stop at their next pass."""
+        taken = [old for old in q if which(old)]
+        for old in taken:
+            q.remove(old)
+        if running:
+            for run in self._running:
+                if run.session is job.session and which(run):
+                    run.stop_flag = why
+        return [(old, why) for old in taken]
 
     def _wait(self, job: _Job) -> None:
         """Wait until ``job`` is done, re-checking its cancellation so a queued request leaves
@@ -329,21 +407,22 @@ class FairScheduler:
     def _finish_unrun(self, job: _Job, why: str) -> None:
         if job.done.is_set():
             return
-        outcome = {"superseded": "superseded", "dropped": "dropped"}.get(why, "cancelled")
+        outcome = why if why in _OUTCOMES else "cancelled"
         with self._cond:
             self._counts[outcome] += 1
-        job.result = _cancelled_result(why)
+        job.result = job.unrun()
         now = time.monotonic()
         self._emit(
             RequestEvent(
                 client=job.session.client,
                 session=job.session.id,
-                doc_id=job.session.outer_id(job.request.doc_id),
+                doc_id=job.session.outer_id(job.doc_id),
                 outcome=outcome,
-                result=job.result,
+                result=_cancelled_result(why),
                 latency_s=now - job.submitted,
                 queued_s=now - job.submitted,
                 speculation_cap=None,
+                kind=job.kind(),
             )
         )
         job.done.set()
@@ -399,69 +478,85 @@ class FairScheduler:
 
     def _next_session(self) -> int | None:
         """The first session in service order whose next job can start now (caller holds the lock):
-        its document has no running request (a document's KV cache serves one request at a time)."""
+        its document has no running request (a document's KV cache serves one request at a time);
+        a session whose next job is a completion goes before one whose next job is a next edit."""
+        edit_first: int | None = None
         for sid in list(self._rr):
             q = self._queues.get(sid)
             if not q:
                 self._rr.remove(sid)
                 continue
             head = q[0]
-            if not any(
-                r.session is head.session and r.request.doc_id == head.request.doc_id for r in self._running
-            ):
+            if any(r.session is head.session and r.doc_id == head.doc_id for r in self._running):
+                continue
+            if not head.is_edit:
                 return sid
-        return None
+            if edit_first is None:
+                edit_first = sid
+        return edit_first
 
     def _run(self) -> None:
         while True:
             job = self._next_job()
             if job is None:
                 return
-            req = job.request
-            if job.cap is not None:
-                req = dataclasses.replace(req, speculation_cap=job.cap)
-            result: CompletionResult | None = None
-            error: BaseException | None = None
-            try:
-                result = self.engine.complete(req, job.cancelled)
-            except BaseException as exc:  # report to the caller, keep serving others
-                error = exc
+            result, error = self._execute(job)
             with self._cond:
                 departed = self._sessions.get(job.session.id) is not job.session
             if departed:
-                self._forget_document(req.doc_id)
-            now = time.monotonic()
-            with self._cond:
-                self._running.remove(job)
-                if result is not None:
-                    if result.cancelled or job.stop_flag is not None:
-                        outcome = job.stop_flag if job.stop_flag == "superseded" else "cancelled"
-                    else:
-                        outcome = "served"
-                        if result.drafted:
-                            self._accept.append((result.drafted, result.accepted))
-                    self._counts[outcome] += 1
+                self._forget_document(job.doc_id)
+            self._settle(job, result, error)
+
+    def _execute(self, job: _Job) -> tuple[CompletionResult | NextEditResult | None, BaseException | None]:
+        """Run ``job`` on the engine: its result, or the error it raised (for its caller)."""
+        req = job.request
+        try:
+            if isinstance(req, NextEditRequest):
+                return self.engine.next_edit(req, job.cancelled), None
+            if job.cap is not None:
+                req = dataclasses.replace(req, speculation_cap=job.cap)
+            return self.engine.complete(req, job.cancelled), None
+        except BaseException as exc:  # report to the caller, keep serving others
+            return None, exc
+
+    def _settle(
+        self, job: _Job, result: CompletionResult | NextEditResult | None, error: BaseException | None
+    ) -> None:
+        """Count a job the engine ran, tell the observers, and hand the result to its caller."""
+        summary = edit_as_completion(result) if isinstance(result, NextEditResult) else result
+        now = time.monotonic()
+        with self._cond:
+            self._running.remove(job)
+            if summary is not None:
+                if summary.cancelled or job.stop_flag is not None:
+                    outcome = job.stop_flag if job.stop_flag in _OUTCOMES else "cancelled"
                 else:
-                    outcome = "error"
-                    self._counts["errors"] += 1
-                self._cond.notify_all()
-            job.result, job.error = result, error
-            assert job.dispatched is not None
-            self._emit(
-                RequestEvent(
-                    client=job.session.client,
-                    session=job.session.id,
-                    doc_id=job.session.outer_id(job.request.doc_id),
-                    outcome=outcome,
-                    result=result,
-                    latency_s=now - job.submitted,
-                    queued_s=job.dispatched - job.submitted,
-                    speculation_cap=job.cap,
-                    speculation_reason=job.cap_reason,
-                    error=None if error is None else f"{type(error).__name__}: {error}",
-                )
+                    outcome = "served"
+                    if summary.drafted:
+                        self._accept.append((summary.drafted, summary.accepted))
+                self._counts[outcome] += 1
+            else:
+                outcome = "error"
+                self._counts["errors"] += 1
+            self._cond.notify_all()
+        job.result, job.error = result, error
+        assert job.dispatched is not None
+        self._emit(
+            RequestEvent(
+                client=job.session.client,
+                session=job.session.id,
+                doc_id=job.session.outer_id(job.doc_id),
+                outcome=outcome,
+                result=summary,
+                latency_s=now - job.submitted,
+                queued_s=job.dispatched - job.submitted,
+                speculation_cap=job.cap,
+                speculation_reason=job.cap_reason,
+                error=None if error is None else f"{type(error).__name__}: {error}",
+                kind=job.kind(),
             )
-            job.done.set()
+        )
+        job.done.set()
 
     # -- lifecycle / stats -------------------------------------------------------------------------
 
@@ -568,6 +663,17 @@ class ClientSession:
             context_docs=tuple((self.inner_id(u), t) for u, t in request.context_docs),
         )
         return self.scheduler.submit(self, inner, cancelled)
+
+    def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
+        """A next edit through the scheduler: fair between clients, below every completion (one of
+        this client's completion requests preempts it). Only the document id is namespaced: the file's
+        path and the other files' names go into the prompt as the client named them."""
+        with self._lock:
+            if self._closed:
+                return no_next_edit(request, "cancelled")
+            self._docs.add(request.doc_id)  # the engine may now hold its edit KV: freed on close
+        inner = dataclasses.replace(request, doc_id=self.inner_id(request.doc_id), path=doc_path(request))
+        return self.scheduler.submit_edit(self, inner, cancelled)
 
     def stats(self) -> dict[str, object]:
         out = self.scheduler.stats()

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from specls.api import Engine
+from specls.api import CompletionResult, Engine
 from specls.team.auth import AuthError, TokenStore, require_auth_for_bind, token_from_init_options
 from specls.team.logs import RequestLog, RequestLogSettings
 from specls.team.metrics import Metrics, MetricsServer, MetricsSettings
@@ -86,6 +86,8 @@ class TeamMetricsObserver:
         m.counter("engine_errors", "Requests that failed in the engine")
         m.counter("auth_failures", "Connections refused for a missing or wrong token")
         m.counter("sessions", "Client sessions opened")
+        m.counter("next_edits", "Next-edit requests by outcome (also counted in requests)")
+        m.histogram("next_edit_latency_seconds", "Submit-to-result latency of served next edits")
 
     def _acceptance(self) -> Iterable[tuple[Mapping[str, str], float]]:
         with self._lock:
@@ -107,13 +109,17 @@ class TeamMetricsObserver:
     def on_request(self, event: RequestEvent) -> None:
         m = self.m
         m.inc("requests", labels={"client": event.client, "outcome": event.outcome})
-        if event.outcome in ("cancelled", "superseded", "dropped"):
+        if event.outcome in ("cancelled", "superseded", "preempted", "dropped"):
             m.inc("cancellations", labels={"reason": event.outcome})
         if event.outcome == "error":
             m.inc("engine_errors")
         if event.speculation_reason is not None:
             m.inc("speculation_decisions", labels={"reason": event.speculation_reason})
         r = event.result
+        if event.kind == "next_edit":
+            m.inc("next_edits", labels={"outcome": event.outcome})
+            if event.outcome == "served":
+                m.observe("next_edit_latency_seconds", event.latency_s)
         if r is not None:
             m.inc("tokens", r.tokens)
             m.inc("target_passes", r.target_passes)
@@ -124,21 +130,9 @@ class TeamMetricsObserver:
                 for name, s in r.per_drafter.items():
                     self._drafted[name] = self._drafted.get(name, 0) + s.drafted
                     self._accepted[name] = self._accepted.get(name, 0) + s.accepted
-        if event.outcome == "served" and r is not None:
-            m.observe("request_latency_seconds", event.latency_s)
-            m.observe("queue_wait_seconds", event.queued_s)
-            with self._lock:
-                self._served += 1
-                self._prefix_hits += r.prefix_reused_tokens > 0
-                self._completion_reuse += r.completion_reuse
-                self._cache_hits += r.cache_hit
-            if r.prefix_reused_tokens > 0:
-                m.inc("prefix_reuse_hits")
-                m.inc("prefix_reused_tokens", r.prefix_reused_tokens)
-            if r.completion_reuse:
-                m.inc("completion_reuse_hits")
-            if r.cache_hit:
-                m.inc("completion_cache_hits")
+        if event.outcome == "served" and r is not None and event.kind == "completion":
+            # completions only: a next edit's latency is another scale (next_edit_latency_seconds)
+            self._served_completion(event, r)
         if self.request_log is not None and r is not None:
             self.request_log.record(
                 client=event.client,
@@ -149,6 +143,23 @@ class TeamMetricsObserver:
                 gamma_cap=event.speculation_cap,
                 outcome=event.outcome,
             )
+
+    def _served_completion(self, event: RequestEvent, r: CompletionResult) -> None:
+        m = self.m
+        m.observe("request_latency_seconds", event.latency_s)
+        m.observe("queue_wait_seconds", event.queued_s)
+        with self._lock:
+            self._served += 1
+            self._prefix_hits += r.prefix_reused_tokens > 0
+            self._completion_reuse += r.completion_reuse
+            self._cache_hits += r.cache_hit
+        if r.prefix_reused_tokens > 0:
+            m.inc("prefix_reuse_hits")
+            m.inc("prefix_reused_tokens", r.prefix_reused_tokens)
+        if r.completion_reuse:
+            m.inc("completion_reuse_hits")
+        if r.cache_hit:
+            m.inc("completion_cache_hits")
 
 
 def declare_scheduler_gauges(metrics: Metrics, scheduler: FairScheduler) -> None:
