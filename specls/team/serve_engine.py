@@ -3,14 +3,20 @@ OpenAI-compatible completions API, so a specls front end on another machine (``R
 any OpenAI-style client -- can use it.
 
 Endpoints: ``POST /v1/completions`` (``prompt``, ``suffix``, ``max_tokens``, ``stop``, ``stream``,
-``user``), ``GET /v1/models``, ``GET /healthz``. Requests go through a ``FairScheduler`` (one session
+``user``, ``raw``), ``GET /v1/models``, ``GET /healthz``. Requests go through a ``FairScheduler`` (one session
 per API client), so many front ends share the engine fairly. ``user`` names the document: requests
 with the same ``user`` reuse that document's KV prefix. Streaming uses Server-Sent Events; a client
 that disconnects cancels its generation at the next target pass. Responses carry a ``specls`` object
 with decode statistics (passes, drafted/accepted per drafter).
 
-The prompt and suffix are passed to the engine as text: the engine builds its own fill-in-the-middle
-prompt. Sampling parameters other than greedy are ignored (the engine is greedy by contract)."""
+With a ``suffix`` field the prompt and suffix are passed to the engine as text: the engine builds its
+own fill-in-the-middle prompt. Without one (or with ``"raw": true``) the prompt is decoded as it is,
+as the API means it and as vLLM and llama.cpp do (``CompletionRequest.raw``): a prompt the client laid
+out itself, such as the next-edit prompt ``RemoteEngine.next_edit`` sends, or a FIM template it
+filled in. Its decode speculates as completions do (prompt lookup over the prompt among the
+drafters), on a document apart from the same ``user``'s completions, so neither evicts the other's
+KV. ``"raw": false`` asks for the FIM prompt with an empty suffix. Sampling parameters other than
+greedy are ignored (the engine is greedy by contract)."""
 
 from __future__ import annotations
 
@@ -179,7 +185,8 @@ class _CompletionParams:
     max_tokens: int  # capped at ServeEngineSettings.max_tokens_limit
     stops: tuple[str, ...]
     stream: bool
-    doc: str  # "api:<user>", or a fresh anonymous document closed after the request
+    doc: str  # "api:<user>" ("api:raw:<user>"), or a fresh anonymous document closed after the request
+    raw: bool = False  # the prompt as it is (no FIM template around it, no suffix)
 
     @property
     def anonymous(self) -> bool:
@@ -195,12 +202,28 @@ def _parse_completion(body: dict[str, object], st: ServeEngineSettings) -> _Comp
     suffix = body.get("suffix") or ""
     if not isinstance(suffix, str):
         raise _BadRequest(400, "'suffix' must be a string")
+    raw = _parse_raw(body, suffix)
     max_tokens = _parse_max_tokens(body, st)
     stops = _stop_strings(body.get("stop"))
     stream = bool(body.get("stream", False))
     user = body.get("user")
-    doc = f"api:{user}" if isinstance(user, str) and user else f"api:anon:{uuid.uuid4().hex}"
-    return _CompletionParams(prompt, suffix, max_tokens, stops, stream, doc)
+    if isinstance(user, str) and user:
+        doc = f"api:raw:{user}" if raw else f"api:{user}"
+    else:
+        doc = f"api:anon:{uuid.uuid4().hex}"
+    return _CompletionParams(prompt, suffix, max_tokens, stops, stream, doc, raw)
+
+
+def _parse_raw(body: dict[str, object], suffix: str) -> bool:
+    """A raw prompt: ``"raw": true``, else no ``suffix`` field (the API's plain continuation)."""
+    raw = body.get("raw")
+    if raw is None:
+        return "suffix" not in body
+    if not isinstance(raw, bool):
+        raise _BadRequest(400, "'raw' must be true or false")
+    if raw and suffix:
+        raise _BadRequest(400, "a raw prompt has no 'suffix'")
+    return raw
 
 
 def _parse_max_tokens(body: dict[str, object], st: ServeEngineSettings) -> int:
@@ -383,6 +406,7 @@ class _EngineRequestHandler(BaseHTTPRequestHandler):
             max_tokens=params.max_tokens,
             stop=settled.stop,
             on_text=settled.on_text if params.stream else None,
+            raw=params.raw,
         )
         answer = _Answer(f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time()), server.settings.model_name)
         if not params.stream:
