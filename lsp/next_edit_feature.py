@@ -8,7 +8,8 @@ the document version it is for; one whose version is already superseded is answe
 and an answer is dropped (empty) when the document changed while the edit was computed (checked with
 no await between the check and the answer). Never in the way of typing: the edit runs as the engine's
 background work (``EngineHost.submit_background``), which every completion request and every edit
-preempts (a running decode stops at its next target pass), as a newer next-edit request does.
+preempts (a running decode stops at its next target pass), as a newer next-edit request does; in team
+mode the scheduler runs it below every completion, and the client's completions preempt it there.
 """
 
 from __future__ import annotations
@@ -161,7 +162,9 @@ class NextEdits:
         self.history.open(uri, text)
 
     def did_change(self, uri: str, changes: Sequence[Any]) -> None:
-        """The same content changes, in the same order, as ``DocumentStore.change`` applies."""
+        """The same content changes, in the same order, as ``DocumentStore.change`` applies; the edit
+        in flight is for a text that is gone (outside team mode the host's preemption stops it too)."""
+        self.cancel("changed")
         try:
             for change in changes:
                 rng: LspRange | None = getattr(change, "range", None)  # absent: the whole text
@@ -213,8 +216,8 @@ class NextEdits:
             counters.empty += 1
         elif isinstance(version, int) and version != doc.version:
             counters.stale_dropped += 1  # superseded before it started: no edit for that version
-        elif self.team_auth.engine is not None or doc.offset_at(line, character) is None:
-            counters.empty += 1  # team mode: the shared engine's scheduler has no edit path yet
+        elif doc.offset_at(line, character) is None:
+            counters.empty += 1
         elif self.languages() and doc.language_id not in self.languages():
             counters.empty += 1
         else:
@@ -233,7 +236,11 @@ class NextEdits:
         job = Job(doc.uri, None, params, doc, started=time.monotonic())
         self.preempt()
         self._job = job
-        future = self.host.submit_background(job, partial(self._generate, request, job))
+        generate = partial(self._generate, request, job)
+        # team mode: the scheduler runs it below every completion (the client's completions preempt it)
+        future = self.team_auth.submit(generate)
+        if future is None:
+            future = self.host.submit_background(job, generate)
         try:
             result: NextEditResult | None = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
