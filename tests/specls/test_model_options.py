@@ -151,3 +151,14 @@ def test_the_version_is_read_once() -> None:
     from specls.lsp.server import SERVER_VERSION
 
     assert __version__ == version("specls") == SERVER_VERSION
+
+
+def test_the_editor_offers_the_completion_presets() -> None:
+    import json
+    from pathlib import Path
+
+    from specls.models.presets import PRESETS
+
+    package = Path(__file__).resolve().parents[2] / "editors" / "vscode" / "package.json"
+    setting = json.loads(package.read_text())["contributes"]["configuration"]["properties"]["specls.preset"]
+    assert setting["enum"] == ["", *(p.name for p in PRESETS.values() if p.kind == "completion")]
