@@ -192,6 +192,129 @@ def decide_speculation(
     return SpeculationDecision(max(1, settings.gamma_max >> (depth - 2)), "shrink")
 
 
+class _Queues:
+    """The scheduler's queued and running requests and the order it serves them in. Every method
+    runs with the scheduler's lock held."""
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self.queues: dict[int, deque[_Job]] = {}
+        self.rr: deque[int] = deque()  # sessions with queued work, in service order
+        self.running: list[_Job] = []
+
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def admit(self, job: _Job) -> list[tuple[_Job, str]]:
+        """Queue ``job``; returns what left the queues to make room for it, each with why."""
+        q = self.queues.setdefault(job.session.id, deque())
+        to_finish = self._make_room(job, q)
+        q.append(job)
+        self._requeue()
+        return to_finish
+
+    def _make_room(self, job: _Job, q: deque[_Job]) -> list[tuple[_Job, str]]:
+        """Takes out of the queues, to make room for ``job`` in its session's queue ``q``, what must
+        leave them, and returns each with why."""
+        s = self.settings
+        to_finish: list[tuple[_Job, str]] = []
+        # Sweep requests whose callers already gave up: they free their slots now.
+        for old in [j for j in q if j.cancelled()]:
+            q.remove(old)
+            to_finish.append((old, "cancelled"))
+        if not job.is_edit:  # a completion goes before the client's next edits: they stop
+            to_finish += self._take(q, job, lambda old: old.is_edit, "preempted", True)
+        if s.replace_same_document:
+
+            def same(old: _Job) -> bool:  # a completion and a next edit never replace each other
+                return old.is_edit == job.is_edit and old.doc_id == job.doc_id
+
+            to_finish += self._take(q, job, same, "superseded", s.cancel_superseded_running)
+        while len(q) >= max(1, s.per_client_queue):
+            to_finish.append((q.popleft(), "dropped"))
+        total = self.queued()
+        while total >= max(1, s.max_queue):
+            victim_sid = max(self.queues, key=lambda k: len(self.queues[k]))
+            to_finish.append((self.queues[victim_sid].popleft(), "dropped"))
+            total -= 1
+        return to_finish
+
+    def _take(
+        self, q: deque[_Job], job: _Job, which: Callable[[_Job], bool], why: str, running: bool
+    ) -> list[tuple[_Job, str]]:
+        """``job``'s session's requests ``which`` leave its queue ``q`` (to be finished with ``why``);
+        with ``running``, its running ones stop at their next pass."""
+        taken = [old for old in q if which(old)]
+        for old in taken:
+            q.remove(old)
+        if running:
+            for run in self.running:
+                if run.session is job.session and which(run):
+                    run.stop_flag = why
+        return [(old, why) for old in taken]
+
+    def withdraw(self, job: _Job) -> bool:
+        """Take a queued ``job`` out (its caller gave up); False when it is not queued."""
+        q = self.queues.get(job.session.id)
+        if job.dispatched is not None or q is None or job not in q:
+            return False
+        q.remove(job)
+        self._requeue()
+        return True
+
+    def drop_session(self, session: ClientSession) -> list[_Job]:
+        """The session's queued jobs, out of the queues; its running ones stop at their next pass."""
+        q = self.queues.pop(session.id, None)
+        if session.id in self.rr:
+            self.rr.remove(session.id)
+        self.stop_running(lambda run: run.session is session)
+        return list(q or ())
+
+    def stop_running(self, which: Callable[[_Job], bool]) -> None:
+        for run in self.running:
+            if which(run):
+                run.stop_flag = "disconnected"
+
+    def pop_next(self) -> _Job | None:
+        """The next job to start (fair: its session goes to the back of the line), if one can."""
+        sid = self._next_session()
+        if sid is None:
+            return None
+        self.rr.remove(sid)
+        q = self.queues[sid]
+        job = q.popleft()
+        if q:
+            self.rr.append(sid)  # back of the line: round-robin
+        return job
+
+    def _requeue(self) -> None:
+        # keep rr == sessions with non-empty queues, order preserved
+        live = [sid for sid in self.rr if self.queues.get(sid)]
+        for sid, q in self.queues.items():
+            if q and sid not in live:
+                live.append(sid)
+        self.rr = deque(live)
+
+    def _next_session(self) -> int | None:
+        """The first session in service order whose next job can start now: its document has no
+        running request (a document's KV cache serves one request at a time); a session whose next
+        job is a completion goes before one whose next job is a next edit."""
+        edit_first: int | None = None
+        for sid in list(self.rr):
+            q = self.queues.get(sid)
+            if not q:
+                self.rr.remove(sid)
+                continue
+            head = q[0]
+            if any(r.session is head.session and r.doc_id == head.doc_id for r in self.running):
+                continue
+            if not head.is_edit:
+                return sid
+            if edit_first is None:
+                edit_first = sid
+        return edit_first
+
+
 class FairScheduler:
     """Fair, bounded, load-aware front of one Engine. Create sessions with ``session(name)``."""
 
@@ -209,9 +332,7 @@ class FairScheduler:
         self.settings = settings
         self._observers = list(observers)
         self._cond = threading.Condition()
-        self._queues: dict[int, deque[_Job]] = {}
-        self._rr: deque[int] = deque()  # sessions with queued work, in service order
-        self._running: list[_Job] = []
+        self._q = _Queues(settings)
         self._sessions: dict[int, ClientSession] = {}
         self._ids = itertools.count(1)
         self._closed = False
@@ -266,13 +387,7 @@ class FairScheduler:
     def _drop_session(self, session: ClientSession) -> None:
         with self._cond:
             self._sessions.pop(session.id, None)
-            q = self._queues.pop(session.id, None)
-            if session.id in self._rr:
-                self._rr.remove(session.id)
-            dropped = list(q or ())
-            for run in self._running:
-                if run.session is session:
-                    run.stop_flag = "disconnected"
+            dropped = self._q.drop_session(session)
             self._cond.notify_all()
         for job in dropped:
             self._finish_unrun(job, "disconnected")
@@ -291,7 +406,7 @@ class FairScheduler:
     def queue_depth(self) -> int:
         """Requests waiting (not counting the running one)."""
         with self._cond:
-            return sum(len(q) for q in self._queues.values())
+            return self._q.queued()
 
     def acceptance(self) -> float | None:
         with self._cond:
@@ -326,11 +441,8 @@ class FairScheduler:
                 # request after close freed the session's documents, and re-create one in the engine.
                 return job.unrun()
             self._counts["submitted"] += 1
-            q = self._queues.setdefault(session.id, deque())
-            to_finish = self._make_room(job, q)
-            q.append(job)
-            self._requeue_rr()
-            depth = sum(len(x) for x in self._queues.values()) + len(self._running)
+            to_finish = self._q.admit(job)
+            depth = self._q.queued() + len(self._q.running)
             self._max_depth = max(self._max_depth, depth)
             self._cond.notify_all()
         for old, why in to_finish:
@@ -341,68 +453,15 @@ class FairScheduler:
         assert job.result is not None
         return job.result
 
-    def _make_room(self, job: _Job, q: deque[_Job]) -> list[tuple[_Job, str]]:
-        """Caller holds the lock. Takes out of the queues, to make room for ``job`` in its session's
-        queue ``q``, what must leave them, and returns each with why."""
-        s = self.settings
-        to_finish: list[tuple[_Job, str]] = []
-        # Sweep requests whose callers already gave up: they free their slots now.
-        for old in [j for j in q if j.cancelled()]:
-            q.remove(old)
-            to_finish.append((old, "cancelled"))
-        if not job.is_edit:  # a completion goes before the client's next edits: they stop
-            to_finish += self._take(q, job, lambda old: old.is_edit, "preempted", True)
-        if s.replace_same_document:
-
-            def same(old: _Job) -> bool:  # a completion and a next edit never replace each other
-                return old.is_edit == job.is_edit and old.doc_id == job.doc_id
-
-            to_finish += self._take(q, job, same, "superseded", s.cancel_superseded_running)
-        while len(q) >= max(1, s.per_client_queue):
-            to_finish.append((q.popleft(), "dropped"))
-        total = sum(len(x) for x in self._queues.values())
-        while total >= max(1, s.max_queue):
-            victim_sid = max(self._queues, key=lambda k: len(self._queues[k]))
-            to_finish.append((self._queues[victim_sid].popleft(), "dropped"))
-            total -= 1
-        return to_finish
-
-    def _take(
-        self, q: deque[_Job], job: _Job, which: Callable[[_Job], bool], why: str, running: bool
-    ) -> list[tuple[_Job, str]]:
-        """Caller holds the lock: ``job``'s session's requests ``which`` leave its queue ``q`` (to
-        be finished with ``why``); with ``running``, its running ones stop at their next pass."""
-        taken = [old for old in q if which(old)]
-        for old in taken:
-            q.remove(old)
-        if running:
-            for run in self._running:
-                if run.session is job.session and which(run):
-                    run.stop_flag = why
-        return [(old, why) for old in taken]
-
     def _wait(self, job: _Job) -> None:
         """Wait until ``job`` is done, re-checking its cancellation so a queued request leaves
         without a target pass."""
         while not job.done.wait(self.settings.poll_s):
             if job.dispatched is None and job.cancelled():
                 with self._cond:
-                    qq = self._queues.get(job.session.id)
-                    removed = False
-                    if job.dispatched is None and qq is not None and job in qq:
-                        qq.remove(job)
-                        self._requeue_rr()
-                        removed = True
+                    removed = self._q.withdraw(job)
                 if removed:
                     self._finish_unrun(job, job.stop_flag or "cancelled")
-
-    def _requeue_rr(self) -> None:
-        # caller holds the lock: keep _rr == sessions with non-empty queues, order preserved
-        live = [sid for sid in self._rr if self._queues.get(sid)]
-        for sid, q in self._queues.items():
-            if q and sid not in live:
-                live.append(sid)
-        self._rr = deque(live)
 
     def _finish_unrun(self, job: _Job, why: str) -> None:
         if job.done.is_set():
@@ -450,13 +509,8 @@ class FairScheduler:
             while True:
                 if self._closed:
                     return None
-                sid = self._next_session()
-                if sid is not None:
-                    self._rr.remove(sid)
-                    q = self._queues[sid]
-                    job = q.popleft()
-                    if q:
-                        self._rr.append(sid)  # back of the line: round-robin
+                job = self._q.pop_next()
+                if job is not None:
                     if job.cancelled():
                         self._cond.release()
                         try:
@@ -464,7 +518,7 @@ class FairScheduler:
                         finally:
                             self._cond.acquire()
                         continue
-                    depth = 1 + len(self._running) + sum(len(x) for x in self._queues.values())
+                    depth = 1 + len(self._q.running) + self._q.queued()
                     drafted = sum(d for d, _ in self._accept)
                     acc = sum(a for _, a in self._accept) / drafted if drafted else None
                     decision = decide_speculation(self.settings, depth, acc)
@@ -472,28 +526,9 @@ class FairScheduler:
                     self._last_decision = decision
                     job.cap, job.cap_reason = decision.cap, decision.reason
                     job.dispatched = time.monotonic()
-                    self._running.append(job)
+                    self._q.running.append(job)
                     return job
                 self._cond.wait()
-
-    def _next_session(self) -> int | None:
-        """The first session in service order whose next job can start now (caller holds the lock):
-        its document has no running request (a document's KV cache serves one request at a time);
-        a session whose next job is a completion goes before one whose next job is a next edit."""
-        edit_first: int | None = None
-        for sid in list(self._rr):
-            q = self._queues.get(sid)
-            if not q:
-                self._rr.remove(sid)
-                continue
-            head = q[0]
-            if any(r.session is head.session and r.doc_id == head.doc_id for r in self._running):
-                continue
-            if not head.is_edit:
-                return sid
-            if edit_first is None:
-                edit_first = sid
-        return edit_first
 
     def _run(self) -> None:
         while True:
@@ -526,7 +561,7 @@ class FairScheduler:
         summary = edit_as_completion(result) if isinstance(result, NextEditResult) else result
         now = time.monotonic()
         with self._cond:
-            self._running.remove(job)
+            self._q.running.remove(job)
             if summary is not None:
                 if summary.cancelled or job.stop_flag is not None:
                     outcome = job.stop_flag if job.stop_flag in _OUTCOMES else "cancelled"
@@ -564,8 +599,7 @@ class FairScheduler:
         with self._cond:
             self._closed = True
             sessions = list(self._sessions.values())
-            for run in self._running:
-                run.stop_flag = "disconnected"
+            self._q.stop_running(lambda run: True)
             self._cond.notify_all()
         for s in sessions:
             s.close()
@@ -577,8 +611,8 @@ class FairScheduler:
         with self._cond:
             return {
                 "active_clients": len(self._sessions),
-                "queue_depth": sum(len(q) for q in self._queues.values()),
-                "running": len(self._running),
+                "queue_depth": self._q.queued(),
+                "running": len(self._q.running),
                 "workers": len(self._workers),
                 "max_depth_seen": self._max_depth,
                 **self._counts,
