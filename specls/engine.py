@@ -265,10 +265,13 @@ class OnnxEngine:
         return self._completions
 
     def _prompt(self, request: CompletionRequest) -> Prompt:
-        """The request's FIM prompt, after indexing the buffer updates that came in (serialised)."""
+        """The request's FIM prompt (a raw request's: its prefix as it is), after indexing the buffer
+        updates that came in (serialised)."""
         assert self._builder is not None
         with self._prep_lock:
             self._flush_pending()
+            if request.raw:  # laid out by the client (a next-edit prompt): tokenized as the edit path does
+                return Prompt(self.models.tokenizer.encode(request.prefix))
             return self._builder.build(request.prefix, request.suffix, request.context_docs, request.doc_id)
 
     def _replay(
