@@ -29,6 +29,7 @@ from specls.prompt import FimTokens, PromptBudget, TextTokenizer
 
 if TYPE_CHECKING:  # the runtime's modules load onnxruntime: imported when a load needs them
     from specls.models.model_store import ConvertSettings
+    from specls.models.progress import Progress as StageProgress
     from specls.models.runtime import OnnxCausalLM, RuntimeSettings
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ def prepare_models(settings: EngineSettings, say: Progress) -> tuple[Path, Path 
     return dirs["target"], dirs.get("draft")
 
 
-def _preparing(say: Progress, lo: float, hi: float) -> Callable[[str, float, str], None]:
+def _preparing(say: Progress, lo: float, hi: float) -> StageProgress:
     """A ``specls.models.progress.Progress`` reporting to ``say`` within [lo, hi] of the load."""
     from specls.models.progress import status_text
 

@@ -133,7 +133,7 @@ class FakeEngine:
 def engine_from_env(settings: ServerSettings | None = None) -> FakeEngine:
     env = os.environ
     return FakeEngine(
-        model=settings.model if settings else "",
+        model=(settings.model or "") if settings else "",
         load_ms=float(env.get("SPECLS_FAKE_LOAD_MS", "0")),
         fail=env.get("SPECLS_FAKE_FAIL_LOAD", ""),
         pass_ms=float(env.get("SPECLS_FAKE_PASS_MS", "0")),

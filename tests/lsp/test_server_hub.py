@@ -73,13 +73,9 @@ async def start(model: str, env: dict[str, str]) -> Start:
         lines = SOURCE.split("\n")
         items = await inline(client, URI, len(lines) - 1, len(lines[-1]))
         engine_calls = (await stats(client))["server"]["engine_calls"]
-        messages = [
-            v.message
-            for values in client.progress_reports.values()
-            for v in values
-            if isinstance(v, types.WorkDoneProgressReport) and v.message
-        ]
-    return Start(load_s, messages, items[0].insert_text if items else None, engine_calls)
+        reports: list[object] = [v for values in client.progress_reports.values() for v in values]
+        messages = [v.message for v in reports if isinstance(v, types.WorkDoneProgressReport) and v.message]
+    return Start(load_s, messages, str(items[0].insert_text) if items else None, engine_calls)
 
 
 async def test_a_model_by_name_is_prepared_once_then_served_from_the_cache(
