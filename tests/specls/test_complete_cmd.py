@@ -135,3 +135,23 @@ def test_the_policy_line_says_how_many_passes_its_costs_were_learned_from() -> N
         "policy passes: lookup 9, plain 3; costs per target pass: draft step 0.31, catch-up 0.05/token, "
         "verify of 3 tokens 1.2x (learned from 12 passes)"
     )
+
+
+def test_complete_shows_a_model_being_prepared_on_stderr() -> None:
+    import io
+
+    from specls.complete_cmd import PreparingReport
+
+    out = io.StringIO()
+    report = PreparingReport(out, interval=3600.0)
+    report("resolving org/tiny", 0.0)
+    report("downloading 0%", 0.0)
+    report("downloading 43%", 0.1)  # the same step within the interval: not repeated
+    report("converting: quantizing model.onnx to 8 bits", 0.4)
+    report("loading target model", 0.6)  # loading takes seconds: quiet
+    report("ready", 1.0)
+    assert out.getvalue().splitlines() == [
+        "specls: resolving org/tiny",
+        "specls: downloading 0%",
+        "specls: converting: quantizing model.onnx to 8 bits",
+    ]
