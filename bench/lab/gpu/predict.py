@@ -143,6 +143,40 @@ def _alphas_from_decode_bench(data: object) -> dict[str, tuple[float, ...]]:
     return out
 
 
+def _rates(value: object) -> list[float] | None:
+    """One rate or a non-empty list of rates as floats; None for anything else."""
+    if _is_rate(value):
+        return [float(value)]  # type: ignore[arg-type]
+    if isinstance(value, list) and value and all(_is_rate(v) for v in value):
+        return [float(v) for v in value]
+    return None
+
+
+def _walk_rates(obj: object, method: str | None, found: dict[str, list[float]]) -> None:
+    """Collect the rates (or drafted/accepted/proposals counts) under `obj` into `found` per method."""
+    if isinstance(obj, list):
+        for item in obj:
+            _walk_rates(item, method, found)
+        return
+    if not isinstance(obj, dict):
+        return
+    counts = [obj.get(k) for k in ("drafted", "accepted", "proposals")]
+    if method and all(isinstance(v, int | float) and not isinstance(v, bool) for v in counts):
+        a = alpha_from_counts(*(float(v) for v in counts))  # type: ignore[arg-type]
+        if a is not None:
+            found[method].append(a)
+        return
+    for key, value in obj.items():
+        sub = _method_of(str(key)) or method
+        vals = _rates(value)
+        if vals is not None and str(key) in METHODS:
+            found[str(key)] += vals
+        elif vals is not None and key in ("alpha", "acceptance", "alphas") and method:
+            found[method] += vals
+        elif isinstance(value, dict | list):
+            _walk_rates(value, sub, found)
+
+
 def load_acceptance(path: Path) -> dict[str, tuple[float, ...]]:
     """Acceptance rates per method from a JSON file.
 
@@ -160,38 +194,7 @@ def load_acceptance(path: Path) -> dict[str, tuple[float, ...]]:
     if from_decode:
         return from_decode
     found: dict[str, list[float]] = {m: [] for m in METHODS}
-
-    def rates(value: object) -> list[float] | None:
-        if _is_rate(value):
-            return [float(value)]  # type: ignore[arg-type]
-        if isinstance(value, list) and value and all(_is_rate(v) for v in value):
-            return [float(v) for v in value]
-        return None
-
-    def walk(obj: object, method: str | None) -> None:
-        if isinstance(obj, list):
-            for item in obj:
-                walk(item, method)
-            return
-        if not isinstance(obj, dict):
-            return
-        counts = [obj.get(k) for k in ("drafted", "accepted", "proposals")]
-        if method and all(isinstance(v, int | float) and not isinstance(v, bool) for v in counts):
-            a = alpha_from_counts(*(float(v) for v in counts))  # type: ignore[arg-type]
-            if a is not None:
-                found[method].append(a)
-            return
-        for key, value in obj.items():
-            sub = _method_of(str(key)) or method
-            vals = rates(value)
-            if vals is not None and str(key) in METHODS:
-                found[str(key)] += vals
-            elif vals is not None and key in ("alpha", "acceptance", "alphas") and method:
-                found[method] += vals
-            elif isinstance(value, dict | list):
-                walk(value, sub)
-
-    walk(data, None)
+    _walk_rates(data, None, found)
     out = {m: tuple(sorted(set(round(v, 4) for v in vs))) for m, vs in found.items() if vs}
     if not out:
         raise BenchError(f"{path}: no acceptance rates found (want e.g. {{'lookup': 0.6, 'draft': 0.75}})")
