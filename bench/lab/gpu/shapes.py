@@ -136,6 +136,20 @@ class GpuBenchSettings:
         return self.batch_past_length or min(self.past_lengths)
 
 
+def _validate_batched(settings: GpuBenchSettings) -> None:
+    """The batched-pass sweep's settings (only checked when it runs)."""
+    if not settings.batch_sizes or 1 not in settings.batch_sizes or any(b < 1 for b in settings.batch_sizes):
+        raise BenchError(f"--batch-sizes must hold 1 and positive sizes, got {list(settings.batch_sizes)}")
+    if not settings.batch_ns or any(n < 1 for n in settings.batch_ns):
+        raise BenchError(f"--batch-ns must be positive, got {list(settings.batch_ns)}")
+    if settings.batch_past_length < 0:
+        raise BenchError(f"--batch-past-length must be >= 0, got {settings.batch_past_length}")
+    if settings.target.max_positions < settings.batch_length() + max(settings.batch_ns):
+        raise BenchError(
+            f"batched past length {settings.batch_length()} exceeds {settings.target.max_positions} positions"
+        )
+
+
 def validate_settings(settings: GpuBenchSettings) -> None:
     if not settings.ns or 1 not in settings.ns or any(n < 1 for n in settings.ns):
         raise BenchError(f"--ns must hold 1 and positive sizes, got {list(settings.ns)}")
@@ -144,22 +158,7 @@ def validate_settings(settings: GpuBenchSettings) -> None:
     if settings.repeats < 1 or settings.warmup < 0:
         raise BenchError("--repeats must be >= 1 and --warmup >= 0")
     if settings.batched:
-        if (
-            not settings.batch_sizes
-            or 1 not in settings.batch_sizes
-            or any(b < 1 for b in settings.batch_sizes)
-        ):
-            raise BenchError(
-                f"--batch-sizes must hold 1 and positive sizes, got {list(settings.batch_sizes)}"
-            )
-        if not settings.batch_ns or any(n < 1 for n in settings.batch_ns):
-            raise BenchError(f"--batch-ns must be positive, got {list(settings.batch_ns)}")
-        if settings.batch_past_length < 0:
-            raise BenchError(f"--batch-past-length must be >= 0, got {settings.batch_past_length}")
-        if settings.target.max_positions < settings.batch_length() + max(settings.batch_ns):
-            raise BenchError(
-                f"batched past length {settings.batch_length()} exceeds {settings.target.max_positions} positions"
-            )
+        _validate_batched(settings)
     for shape in (settings.target, settings.draft):
         if shape.hidden % shape.heads or shape.heads % shape.kv_heads:
             raise BenchError(f"bad shape {shape.describe()}: hidden % heads and heads % kv_heads must be 0")
