@@ -114,7 +114,9 @@ class EditPath:
         cache = prefix_cache(self.models.target, state, job.prompt, self.settings.prefix_reuse)
         kept = cache.length
         planned = self._drafter(state, buffers, job)
-        stop = TextStop(self.models.tokenizer, lambda t: len(t) if layout.body_end(t) is not None else None)
+        stop = TextStop(
+            self.models.tokenizer, lambda t: len(t) if layout.body_end(t, job.after) is not None else None
+        )
         eos = self.models.eos_ids | end_marker_ids(layout, self.models)
         out = self._decode(state, cache, job, planned, eos, cancelled, stop)
         if planned is not None:
@@ -196,7 +198,7 @@ class EditPath:
         )
         if out.stop_reason in ("cancelled", "deadline"):
             return replace(base, dropped=out.stop_reason)
-        rewritten = job.layout.parse(text, eos=out.stop_reason == "eos")
+        rewritten = job.layout.parse(text, eos=out.stop_reason == "eos", after=job.after)
         if rewritten is None:
             return replace(base, dropped="malformed")
         edits, dropped, undone = suggested_edits(

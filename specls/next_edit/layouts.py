@@ -75,6 +75,36 @@ def _chomp(text: str) -> str:
     return text[:-1] if text.endswith(("\n", "\r")) else text
 
 
+def _run_on(output: str, after: str) -> int | None:
+    """Where ``output`` goes on into ``after`` at a line's start (past a first line), else None."""
+    if not after:
+        return None
+    i = output.find("\n" + after)
+    return None if i < 0 else i + 1
+
+
+def run_on_text(region: str, suffix: str, lines: int = 2) -> str:
+    """The text after the region that marks a run on: ``suffix`` through its first ``lines``
+    non-blank lines; "" (no run-on end) when that text is short or the region holds it already (a
+    rewrite may repeat it), or at the end of the file.
+
+    >>> run_on_text("x = 1\\n", "\\ndef g():\\n    pass\\nmore\\n")
+    '\\ndef g():\\n    pass\\n'
+    >>> run_on_text("x = 1\\n", ")\\n\\n")   # too short to be telling
+    ''
+    """
+    out, seen = [], 0
+    for line in suffix.splitlines(keepends=True):
+        out.append(line)
+        seen += int(bool(line.strip()))
+        if seen >= lines:
+            break
+    text = "".join(out)
+    if seen < lines or len(text.strip()) < 12 or text in region:
+        return ""
+    return text
+
+
 class EditLayout(ABC):
     """A prompt layout: ``render`` a prompt, ``output_of`` an unchanged region, ``parse`` an output."""
 
@@ -99,21 +129,27 @@ class EditLayout(ABC):
         """The rewritten region from the output's text before its end."""
         return body
 
-    def body_end(self, output: str) -> int | None:
+    def body_end(self, output: str, after: str = "") -> int | None:
         """Where the rewritten region ends in ``output`` (at its end marker); None before one came
-        (the decode's text stop: the output is over once this is not None).
+        (the decode's text stop: the output is over once this is not None). ``after``: the file's
+        text right after the region (``run_on_text``): an output that goes on into it, at a line's
+        start, has rewritten the region and is copying the file on, so the region ends there.
 
         >>> CHAT.body_end("x = 1\\n```"), CHAT.body_end("s = '```'\\n")   # the second: a fence inside a line is code
         (6, None)
+        >>> CHAT.body_end("x = 2\\ndef g():\\n    pass\\n", after="def g():\\n    pass\\n")
+        6
         """
-        return self._body_end(output)
+        found = [i for i in (self._body_end(output), _run_on(output, after)) if i is not None]
+        return min(found) if found else None
 
-    def parse(self, output: str, eos: bool = False) -> str | None:
+    def parse(self, output: str, eos: bool = False, after: str = "") -> str | None:
         """The rewritten region from the model's ``output`` (decoded with special tokens), or None
-        when it is malformed: no end marker, and not ended by the model's end-of-text token (``eos``:
-        the decode stopped on it) where that ends the layout's output. The region's final newline is
-        the caller's to keep as the region's (``specls.next_edit.edits.normalize_rewrite``)."""
-        end = self._body_end(output)
+        when it is malformed: no end marker (nor a run on into ``after``, as ``body_end``), and not
+        ended by the model's end-of-text token (``eos``: the decode stopped on it) where that ends
+        the layout's output. The region's final newline is the caller's to keep as the region's
+        (``specls.next_edit.edits.normalize_rewrite``)."""
+        end = self.body_end(output, after)
         if end is None:
             if not (eos and self.eos_ends):
                 log.debug("%s: no end marker in %d chars of output", self.name, len(output))
@@ -178,7 +214,31 @@ CHAT_INSTRUCTIONS = (
     f"following their recent edits; {CURSOR} marks their cursor. If it needs no edit, repeat it "
     "unchanged. Reply with the rewritten region only, in one code block, without the markers."
 )
+SNIPPET_INSTRUCTIONS = (
+    "Apply to the code block above the next edit that the recent edits imply (the same change at "
+    "the next place it fits). If they imply none there, return the block unchanged. Reply with the "
+    "whole block only, in one code block."
+)
 FENCE = "```"
+
+
+def _chat(user: str) -> str:
+    """Qwen2.5's chat template with the reply started by a code fence: its output is code."""
+    return (
+        f"<|im_start|>system\n{CHAT_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+        f"<|im_start|>assistant\n{FENCE}\n"
+    )
+
+
+def _edits_block(p: EditPrompt) -> str:
+    diffs = "".join(d.unified() for d in p.history)
+    return (
+        f"Recent edits, oldest first:\n{FENCE}diff\n{diffs}{FENCE}\n\n" if diffs else "No recent edits.\n\n"
+    )
+
+
+def _line(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
 
 
 class ChatRewriteLayout(EditLayout):
@@ -187,37 +247,26 @@ class ChatRewriteLayout(EditLayout):
     reply is started with a code fence, so the output is the region and a closing fence.
 
     >>> CHAT.parse("x = 2\\n```\\n"), CHAT.parse("x = 2\\n"), CHAT.parse("x = 2\\n", eos=True)
-    ('x = 2\\n', None, None)
+    ('x = 2\\n', None, 'x = 2\\n')
     """
 
     name = "chat-rewrite"
     end_markers = (FENCE,)
-    eos_ends = False  # an instruct model ends its turn after the fence; a reply without one was cut
+    # an instruct model often ends its turn right after the code, without the closing fence: the
+    # turn's end ends the code too (a budget cut still has neither and is dropped)
+    eos_ends = True
 
     def render(self, p: EditPrompt) -> str:
-        diffs = "".join(d.unified() for d in p.history)
-        edits = (
-            f"Recent edits, oldest first:\n{FENCE}diff\n{diffs}{FENCE}\n\n"
-            if diffs
-            else "No recent edits.\n\n"
-        )
         cursor = min(max(p.cursor, 0), len(p.region))
-        marked = p.region[:cursor] + CURSOR + p.region[cursor:]
-        if marked and not marked.endswith("\n"):
-            marked += "\n"
-        suffix = p.suffix if not p.suffix or p.suffix.endswith("\n") else p.suffix + "\n"
+        marked = _line(p.region[:cursor] + CURSOR + p.region[cursor:])
         user = (
-            f"{edits}File {p.path}:\n{FENCE}\n{p.prefix}<region>\n{marked}</region>\n{suffix}{FENCE}\n\n"
-            f"{CHAT_INSTRUCTIONS}"
+            f"{_edits_block(p)}File {p.path}:\n{FENCE}\n{p.prefix}<region>\n{marked}</region>\n"
+            f"{_line(p.suffix)}{FENCE}\n\n{CHAT_INSTRUCTIONS}"
         )
-        return (
-            f"<|im_start|>system\n{CHAT_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-            f"<|im_start|>assistant\n{FENCE}\n"
-        )
+        return _chat(user)
 
     def output_of(self, region: str) -> str:
-        body = region if not region or region.endswith("\n") else region + "\n"
-        return f"{body}{FENCE}"
+        return f"{_line(region)}{FENCE}"
 
     def _body_end(self, output: str) -> int | None:
         # the closing fence opens a line: a ``` inside a line of code is code
@@ -230,6 +279,35 @@ class ChatRewriteLayout(EditLayout):
 
     def _unwrap(self, body: str) -> str:
         return body.replace(CURSOR, "")  # a model that copies the cursor marker meant no edit there
+
+
+class ChatSnippetLayout(ChatRewriteLayout):
+    """Zero-shot for instruct models, the region as a code block of its own: the recent edits, the
+    file around it (the cursor marked), then the region alone in a block and the instruction to
+    return that block with the next edit applied. The reply copies a block the model has just read,
+    start to end, so it starts on the region's first token (the region drafter aligned from the
+    first pass) and it knows where the block ends (the closing fence, or the end of its turn).
+
+    >>> text = SNIPPET.render(EditPrompt("a.py", "a\\n", "b\\n", "c\\n", cursor=1))
+    >>> "a\\nb<|cursor|>\\nc\\n```" in text, "(lines 2-2 of the file above):\\n```\\nb\\n```" in text
+    (True, True)
+    >>> text.endswith("<|im_start|>assistant\\n```\\n")
+    True
+    """
+
+    name = "chat-snippet"
+
+    def render(self, p: EditPrompt) -> str:
+        cursor = min(max(p.cursor, 0), len(p.region))
+        marked = _line(p.region[:cursor] + CURSOR + p.region[cursor:])
+        first = p.prefix.count("\n") + 1
+        last = first + max(1, len(p.region.splitlines())) - 1
+        user = (
+            f"{_edits_block(p)}File {p.path}:\n{FENCE}\n{p.prefix}{marked}{_line(p.suffix)}{FENCE}\n\n"
+            f"The code block to edit (lines {first}-{last} of the file above):\n{FENCE}\n{_line(p.region)}"
+            f"{FENCE}\n\n{SNIPPET_INSTRUCTIONS}"
+        )
+        return _chat(user)
 
 
 class FimRewriteLayout(EditLayout):
@@ -270,9 +348,10 @@ class FimRewriteLayout(EditLayout):
 SWEEP = SweepLayout()
 SWEEP_FILE = SweepLayout(file_context=True)
 CHAT = ChatRewriteLayout()
+SNIPPET = ChatSnippetLayout()
 FIM = FimRewriteLayout()
-LAYOUTS: dict[str, EditLayout] = {layout.name: layout for layout in (SWEEP, SWEEP_FILE, CHAT, FIM)}
-ZERO_SHOT = ("chat-rewrite", "fim-rewrite")  # for models not trained on a next-edit layout
+LAYOUTS: dict[str, EditLayout] = {layout.name: layout for layout in (SWEEP, SWEEP_FILE, CHAT, SNIPPET, FIM)}
+ZERO_SHOT = ("chat-rewrite", "chat-snippet", "fim-rewrite")  # for models not trained on a next-edit layout
 
 
 def get_layout(name: str) -> EditLayout:

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 
 from specls.api import NextEditRequest
 from specls.next_edit.edits import LastEdit, Region, lines_of, region_parts, select_region, split_lines
-from specls.next_edit.layouts import EditLayout, EditPrompt
+from specls.next_edit.layouts import EditLayout, EditPrompt, run_on_text
 from specls.next_edit.settings import NextEditSettings
 from specls.prompt import TextTokenizer
 
@@ -32,6 +32,9 @@ class EditJob:
     unchanged: list[int]
     max_new: int
     last_edit: LastEdit | None
+    # the file's text right after the region: an output that runs on into it is over
+    # (``EditLayout.body_end``); "" for none
+    after: str = ""
 
 
 def doc_path(request: NextEditRequest) -> str:
@@ -123,6 +126,7 @@ class RenderedEdit:
     region_text: str
     prompt: str
     last_edit: LastEdit | None
+    after: str = ""
 
 
 def render_edit(request: NextEditRequest, layout: EditLayout, s: NextEditSettings) -> RenderedEdit:
@@ -138,7 +142,9 @@ def render_edit(request: NextEditRequest, layout: EditLayout, s: NextEditSetting
     prompt = layout.render(
         EditPrompt(path, prefix, region_text, suffix, cursor, history, before, _context_files(request, s))
     )
-    return RenderedEdit(region, region_text, prompt, last)
+    return RenderedEdit(
+        region, region_text, prompt, last, run_on_text(region_text, region_parts(text, region)[2])
+    )
 
 
 def build_job(
@@ -159,7 +165,9 @@ def build_job(
         room = min(max_positions, s.prompt_tokens + wanted) - len(prompt)
         if prompt and room >= min(wanted, len(unchanged) + 1):
             r = rendered
-            return EditJob(r.region, r.region_text, layout, prompt, unchanged, min(wanted, room), r.last_edit)
+            return EditJob(
+                r.region, r.region_text, layout, prompt, unchanged, min(wanted, room), r.last_edit, r.after
+            )
         s = _shrunk(s)
     log.info("next edit: no prompt of %s fits %d positions", doc_path(request), max_positions)
     return None

@@ -11,11 +11,13 @@ from specls.next_edit.layouts import (
     CURSOR,
     FIM,
     LAYOUTS,
+    SNIPPET,
     SWEEP,
     SWEEP_FILE,
     ZERO_SHOT,
     EditPrompt,
     get_layout,
+    run_on_text,
 )
 
 HISTORY = [
@@ -36,7 +38,7 @@ REGIONS = ["a\nb\n", "a\n\n\n", "last line without newline", "", "x = '```'\n", 
 
 
 def test_layouts_are_named_and_selectable() -> None:
-    assert set(LAYOUTS) == {"sweep", "sweep-file", "chat-rewrite", "fim-rewrite"}
+    assert set(LAYOUTS) == {"sweep", "sweep-file", "chat-rewrite", "chat-snippet", "fim-rewrite"}
     assert set(ZERO_SHOT) <= set(LAYOUTS)
     for name, layout in LAYOUTS.items():
         assert get_layout(name) is layout and layout.name == name
@@ -116,3 +118,40 @@ def test_fim_layout() -> None:
     assert text.endswith(
         "<|file_sep|>pkg/a.py\n<|fim_prefix|>import os\n\n\n<|fim_suffix|>    return a * b\n<|fim_middle|>"
     )
+
+
+def test_chat_snippet_layout() -> None:
+    text = SNIPPET.render(PROMPT)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n```\n")
+    assert "@@ -4 +4 @@\n-def f(a, b):\n+def f(x, b):\n" in text
+    # the file with the cursor, then the region alone as the block to return (its file lines)
+    assert "import os\n\n\ndef f" + CURSOR + "(x, b):\n" in text
+    block = "(lines 4-7 of the file above):\n```\ndef f(x, b):\n    return x + b\n\ndef g(a, b):\n```"
+    assert block in text
+    assert text.index(block) > text.index("    return a * b\n")  # after the whole file
+    assert "<region>" not in text
+    assert SNIPPET.parse("def f(x, c):\n```") == "def f(x, c):\n"
+    assert SNIPPET.parse("def f(x, c):\n", eos=True) == "def f(x, c):\n"  # the turn ended without a fence
+    assert SNIPPET.parse("def f(x, c):\n") is None  # Not a rewrite: cut by the budget
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_an_output_that_runs_on_into_the_file_after_the_region_ends_there(name: str) -> None:
+    layout = get_layout(name)
+    region, suffix = "def g(a, b):\n    return a\n", "\n\ndef h():\n    pass\n\nX = 1\n"
+    after = run_on_text(region, suffix)
+    assert after == "\n\ndef h():\n    pass\n"
+    out = "def g(x, b):\n    return x\n\n\ndef h():\n    pass\n\nX"  # no end marker: it copies the file on
+    assert layout.body_end(out, after) == len("def g(x, b):\n    return x\n")
+    assert layout.parse(out, after=after) == "def g(x, b):\n    return x\n"
+    assert layout.parse(out) is None  # Not without the file's text: no end marker came
+    assert layout.body_end(out[:-12], after) is None  # only part of that text: not yet over
+    # the region's own unchanged output does not run on
+    assert layout.parse(layout.output_of(region), after=after) == region
+
+
+def test_run_on_text_is_off_where_it_would_not_tell() -> None:
+    assert run_on_text("x\n", "") == ""  # the end of the file
+    assert run_on_text("x\n", "    return a\n") == ""  # one line
+    assert run_on_text("a\n\ndef h():\n    pass\n", "def h():\n    pass\n") == ""  # the region holds it
+    assert run_on_text("x\n", "  )\n  ]\n") == ""  # too short to be telling
