@@ -312,9 +312,9 @@ def _load_and_trace(
         if options.low_memory and ckpt.gguf is not None and options.dtype == "fp32":
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=out_dir, prefix=".weights-")))
         model, spec, head_ids, weights = _load_model(ckpt, tokenizer, source, options, scratch)
-        # left before the scratch dir goes: it keeps the maps it drops alive until then
-        evictor = stack.enter_context(PageEvictor(arrays=weights))
         if scratch is not None:
+            # left before the scratch dir goes: it keeps the maps it drops alive until then
+            evictor = stack.enter_context(PageEvictor(arrays=weights))
             stack.enter_context(spill_large_initializers(scratch, evictor))
         del weights
         return _reference_and_trace(model, spec, head_ids, ckpt, out_dir, options, fusions, progress)

@@ -173,9 +173,7 @@ def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any
     """
     from onnx import TensorProto, helper, numpy_helper
 
-    w = weight.astype(np.float32)  # [K, N]
-    s_w = np.maximum(np.abs(w).max(axis=0), np.float32(1e-30)) / np.float32(WEIGHT_MAX)  # [N]
-    q = np.clip(np.rint(w / s_w), -WEIGHT_MAX, WEIGHT_MAX).astype(np.int8)  # [K, N]
+    s_w, q = _quantize_columns(weight)
     p = f"{node.name or node.output[0]}_i8"
     x, y = node.input[0], node.output[0]
     inits = [
@@ -210,13 +208,51 @@ def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any
     return nodes, inits
 
 
+_BLOCK_ELEMENTS = 1 << 24  # weights quantized per block of columns: a few blocks' temporaries at most
+
+
+def _quantize_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(s_w [N] float32, W_q [K, N] int8) of ``_integer_matmul``, a block of columns at a time: every
+    value depends on its own column only, so the result is the whole-matrix one, while the fp32
+    temporaries stay a block's size (``weight`` may be a memory map: read a block at a time)."""
+    k, n = weight.shape
+    step = max(1, _BLOCK_ELEMENTS // max(1, k))
+    s_w = np.empty(n, dtype=np.float32)
+    q = np.empty((k, n), dtype=np.int8)
+    for c in range(0, n, step):
+        w = np.asarray(weight[:, c : c + step]).astype(np.float32)  # [K, block]
+        s = np.maximum(np.abs(w).max(axis=0), np.float32(1e-30)) / np.float32(WEIGHT_MAX)
+        s_w[c : c + step] = s
+        q[:, c : c + step] = np.clip(np.rint(w / s), -WEIGHT_MAX, WEIGHT_MAX).astype(np.int8)
+    return s_w, q
+
+
+def _mapped_array(tensor: Any, base_dir: Path) -> np.ndarray | None:
+    """A read-only memory map of an fp32 initializer stored as external data, or None (inline, or
+    another type): the integer kernel reads its weight from there instead of loading it whole."""
+    from onnx import TensorProto
+
+    if tensor.data_location != TensorProto.EXTERNAL or tensor.data_type != TensorProto.FLOAT:
+        return None
+    info = {kv.key: kv.value for kv in tensor.external_data}
+    shape = tuple(int(d) for d in tensor.dims)
+    offset = int(info.get("offset", 0))
+    n = int(np.prod(shape)) if shape else 1
+    if "length" in info and int(info["length"]) != 4 * n:
+        return None
+    path = base_dir / info["location"]
+    return np.memmap(path, dtype=np.float32, mode="r", offset=offset, shape=shape)
+
+
 class _IntegerQuantizer:
     """``_integer_matmul`` behind the interface of ORT's ``DefaultWeightOnlyQuantizer``:
     ``quantize(node, graph_stack)`` returns the new nodes and adds their initializers to the innermost
-    graph (which holds the node's weight, loaded)."""
+    graph (which holds the node's weight: loaded, or with ``base_dir`` its external data reference,
+    read through a memory map a block of columns at a time)."""
 
-    def __init__(self, opset: int) -> None:
+    def __init__(self, opset: int, base_dir: Path | None = None) -> None:
         self.opset = opset
+        self.base_dir = base_dir
 
     def quantize(self, node: Any, graph_stack: list[Any]) -> list[Any]:
         from onnx import numpy_helper
@@ -225,7 +261,11 @@ class _IntegerQuantizer:
         tensor = next(t for t in graph.initializer if t.name == node.input[1])
         if tensor.data_type != 1 or len(tensor.dims) != 2:  # FLOAT, [K, N]
             raise QuantizeError(f"the integer kernel takes fp32 [K, N] weights ({node.name})")
-        nodes, inits = _integer_matmul(node, numpy_helper.to_array(tensor), self.opset)
+        weight = _mapped_array(tensor, self.base_dir) if self.base_dir is not None else None
+        if weight is None:
+            weight = numpy_helper.to_array(tensor)
+        nodes, inits = _integer_matmul(node, weight, self.opset)
+        del weight
         graph.initializer.extend(inits)
         return nodes
 
@@ -279,7 +319,7 @@ def quantize_graph(
     before = sum(int(np.prod(t.dims)) * _ITEMSIZE.get(t.data_type, 4) for t in g.initializer)
     _fold_tied_head(model, src)
     head = _head_matmul(model, logits_name)
-    quantizers = _Quantizers(model, options, head_bits, head_kernel)
+    quantizers = _Quantizers(model, options, head_bits, head_kernel, src.parent)
     try:
         gather_quantized = _quantize_nodes(g, src.parent, options, head, quantizers)
     except Exception as exc:
@@ -356,18 +396,22 @@ def _fold_tied_head(model: Any, src: Path) -> None:
 class _Quantizers:
     """The quantizer of each weight: the body's MatMuls, the LM head's (None: kept), the embedding's."""
 
-    def __init__(self, model: Any, options: QuantizeOptions, head_bits: int, head_kernel: str) -> None:
+    def __init__(
+        self, model: Any, options: QuantizeOptions, head_bits: int, head_kernel: str, base_dir: Path
+    ) -> None:
         _import_quantizer()
         self.options = options
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.body: Any = (
-            _IntegerQuantizer(opset) if options.kernel == "integer" else self._nbits(options.bits)
+            _IntegerQuantizer(opset, base_dir) if options.kernel == "integer" else self._nbits(options.bits)
         )
         self.head: Any = None
         if head_bits and head_kernel == options.kernel and head_bits == options.bits:
             self.head = self.body
         elif head_bits:
-            self.head = _IntegerQuantizer(opset) if head_kernel == "integer" else self._nbits(head_bits)
+            self.head = (
+                _IntegerQuantizer(opset, base_dir) if head_kernel == "integer" else self._nbits(head_bits)
+            )
         # the embedding goes through GatherBlockQuantized at 4 bits whatever the kernel (ORT has no 8-bit
         # kernel for it; an 8-bit MatMulNBits export keeps it, checked above)
         self.gather: Any = self._nbits(4)
@@ -416,7 +460,8 @@ def _quantize_nodes(
         # message's memory until its root is freed, so loading into ``g`` would hold every weight
         scratch = onnx.GraphProto()
         scratch.initializer.add().CopyFrom(tensor)
-        _load_tensor(scratch.initializer[0], base_dir)
+        if not isinstance(q, _IntegerQuantizer):  # it maps external data itself
+            _load_tensor(scratch.initializer[0], base_dir)
         out_nodes = q.quantize(node, [scratch])
         g.initializer.extend(t for t in scratch.initializer if t.name != weight)
         del scratch
