@@ -56,6 +56,11 @@ class PolicyState:
     # The region's continuation in a next edit (``RegionDrafter``): free to propose like lookup, and
     # the output copies the region but for the edit, so long proposals are mostly right. Prior 0.9.
     region: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.9,)))
+    # The region right after a region proposal of the same request was accepted whole: the output is
+    # copying the region, which it goes on doing to the region's end but for the edit, so far more
+    # often right than the first proposal (at the start or after a realignment, which may be wrong).
+    # Apart, so that long runs are drafted long and first proposals are not. Prior 0.98.
+    region_hot: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.98,)))
     length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
     # The same for requests that end at a text stop (the end of the line, a line-first answer), kept
     # apart: in one figure, long completions made short ones start the draft model, whose catch-up
@@ -110,6 +115,7 @@ class PolicyState:
                 "lookup_accept_one_token_match": [round(x, 3) for x in self.lookup_guess.rates(4)],
                 "model_accept": [round(x, 3) for x in self.model.rates(4)],
                 "region_accept": [round(x, 3) for x in self.region.rates(4)],
+                "region_accept_after_hit": [round(x, 3) for x in self.region_hot.rates(4)],
                 "mean_length": round(self.length, 1),
                 "mean_length_to_stop": round(self.stop_length, 1),
                 "unmatched_share": round(self.unmatched, 3),
@@ -157,6 +163,7 @@ class PlannedDrafter(Drafter):
         self._sources: list[str] = []
         self._q: np.ndarray | None = None
         self._hot = False  # this request's last lookup proposal was accepted whole
+        self._region_hot = False  # this request's last region proposal was accepted whole
         self._table: AcceptanceByPosition | None = None  # what the last proposal's lookup tokens teach
         # Set by the caller before a request: it ends at a text stop (PolicyState.stop_length)
         self.stopped = False
@@ -168,6 +175,7 @@ class PlannedDrafter(Drafter):
         self._generated = 0
         self._copied = 0
         self._hot = False
+        self._region_hot = False
         if self.model is not None:  # lookup keeps no per-request state
             self.model.begin(settings)
         if self.region is not None:
@@ -232,6 +240,8 @@ class PlannedDrafter(Drafter):
                 self.state.model.observe(n_model, n_accepted - n_lookup)
         if n_lookup and self._head == PromptLookupDrafter.name:
             self._hot = n_accepted >= n_lookup
+        if n_lookup and self._head == RegionDrafter.name:
+            self._region_hot = n_accepted >= n_lookup
         if n_lookup:
             self._copied += min(n_accepted, n_lookup)
         if self.model is not None and n_model:
@@ -244,7 +254,8 @@ class PlannedDrafter(Drafter):
             tokens = self.region.propose(context, k)
             if tokens:
                 self._head = RegionDrafter.name
-                return tokens[:k], self.state.region
+                hot = self._region_hot and self.region.continued  # Not after a realignment
+                return tokens[:k], self.state.region_hot if hot else self.state.region
         match = self.lookup.match(context, k) if self.lookup is not None else None
         self._head = PromptLookupDrafter.name
         return (list(match.tokens[:k]) if match is not None else []), self._lookup_table(match)

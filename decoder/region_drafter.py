@@ -133,6 +133,7 @@ class RegionDrafter(Drafter):
         self._seen = 0  # output tokens when it was made
         self._n = 0
         self.realignments = 0  # proposals made after a divergence (for stats and tests)
+        self.continued = False  # the last proposal went on where the output followed the region
 
     def begin(self, settings: DecodeSettings) -> None:
         self._rewind()
@@ -146,6 +147,7 @@ class RegionDrafter(Drafter):
         tokens, pointer = propose_from_region(self.region, generated, hint, k, self.min_match)
         if tokens and not aligned and pointer != hint:
             self.realignments += 1
+        self.continued = bool(tokens) and aligned and bool(new)
         self.pointer, self._seen, self._n = pointer, len(generated), len(tokens)
         return tokens
 

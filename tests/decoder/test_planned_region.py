@@ -65,3 +65,33 @@ def test_costly_long_passes_keep_region_proposals_short() -> None:
     )
     assert result.tokens == plain
     assert max(len(result.accept_hist), 1) < 48  # Not 48: the verify cost caps the proposal
+
+
+def test_after_a_region_proposal_accepted_whole_the_next_is_priced_by_the_hot_table() -> None:
+    lm = TinyLM(40, 7)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = lm.greedy(prompt, LONG.max_new_tokens)
+    # a CPU-like curve: each drafted row a twentieth of a pass, so the cold prior alone drafts short
+    costs = PassCosts(verify=tuple(1.0 + 0.05 * g for g in range(65)))
+    state = PolicyState(costs=costs)
+    drafter = PlannedDrafter(None, None, state, RegionDrafter(plain, len(prompt)))
+    result = generate(TinyCache(lm), prompt, drafter, LONG, frozenset())
+    assert result.tokens == plain
+    assert state.region.reached[0] == 1  # only the first proposal was priced cold
+    assert state.region_hot.reached  # the rest while copying
+    assert len(result.tokens) / result.target_passes >= 10, result.target_passes
+    assert len(result.accept_hist) > 20  # long proposals once copying
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_edited_region_with_the_hot_table_is_still_plain_greedy(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lm = TinyLM(24, seed)
+    prompt = [int(t) for t in rng.integers(0, 24, size=10)]
+    plain = lm.greedy(prompt, LONG.max_new_tokens)
+    state = PolicyState(costs=CHEAP)
+    for _ in range(2):  # the second request starts from what the first taught both tables
+        drafter = PlannedDrafter(
+            PromptLookupDrafter(None), None, state, RegionDrafter(_mutate(plain, rng, 24, 6), 10)
+        )
+        assert generate(TinyCache(lm), prompt, drafter, LONG, frozenset()).tokens == plain

@@ -199,3 +199,14 @@ def test_an_edited_region_still_drafts_long_runs() -> None:
     assert result.tokens == plain
     # Not one pass per token after the edit: the drafter realigns a few tokens later
     assert len(result.tokens) / result.target_passes >= 8, result.target_passes
+
+
+def test_continued_says_whether_the_proposal_went_on_where_the_output_followed() -> None:
+    d = RegionDrafter([1, 2, 3, 4, 5, 6, 7, 8], prompt_len=0, min_match=2)
+    d.propose([], 2)
+    assert not d.continued  # the first proposal: nothing followed yet
+    d.propose([1, 2, 3], 2)
+    assert d.continued
+    d.propose([1, 2, 3, 9, 5, 6], 2)  # diverged, realigned at 6
+    assert not d.continued and d.realignments == 1
+    assert d.propose([1, 2, 3, 9, 5, 6, 7, 8], 2) == [] and not d.continued  # the region's end: no proposal
