@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 
@@ -119,141 +119,149 @@ class HubServer:
         return repo.commit if rev == repo.commit else None
 
 
-def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _HubHandler(BaseHTTPRequestHandler):
+    """Answers one connection's requests from ``hub`` (set on the subclass _handler_for makes)."""
 
-        def setup(self) -> None:
-            super().setup()
-            with hub._lock:
-                hub._conns.add(self.connection)
+    hub: ClassVar[HubServer]
+    protocol_version = "HTTP/1.1"
 
-        def finish(self) -> None:
-            with hub._lock:
-                hub._conns.discard(self.connection)
-            super().finish()
+    def setup(self) -> None:
+        super().setup()
+        with self.hub._lock:
+            self.hub._conns.add(self.connection)
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet test output
-            pass
+    def finish(self) -> None:
+        with self.hub._lock:
+            self.hub._conns.discard(self.connection)
+        super().finish()
 
-        def do_HEAD(self) -> None:
-            self._serve(head=True)
+    def log_message(self, format: str, *args: Any) -> None:  # quiet test output
+        pass
 
-        def do_GET(self) -> None:
-            self._serve(head=False)
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
 
-        def _error(self, status: int, code: str | None, message: str) -> None:
-            body = json.dumps({"error": message}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            if code:
-                self.send_header("X-Error-Code", code)
-                self.send_header("X-Error-Message", message)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+    def do_GET(self) -> None:
+        self._serve(head=False)
 
-        def _json(self, data: Any) -> None:
-            body = json.dumps(data).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
+    def _error(self, status: int, code: str | None, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if code:
+            self.send_header("X-Error-Code", code)
+            self.send_header("X-Error-Message", message)
+        self.end_headers()
+        if self.command != "HEAD":
             self.wfile.write(body)
 
-        def _serve(self, head: bool) -> None:
-            path = unquote(urlsplit(self.path).path)
-            with hub._lock:
-                hub.requests.append(Request(self.command, path, self.headers.get("Range")))
-            parts = path.strip("/").split("/")
-            if parts[:2] == ["api", "models"] and len(parts) >= 4:
-                self._api(parts[2:])
-            elif len(parts) >= 5 and parts[2] == "resolve":
-                self._file("/".join(parts[:2]), parts[3], "/".join(parts[4:]), head)
-            else:
-                self._error(404, None, f"no route {path}")
+    def _json(self, data: Any) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-        def _repo(self, repo_id: str) -> HubRepo | None:
-            repo = hub.repos.get(repo_id)
-            if repo is None:
-                self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
-            return repo
+    def _serve(self, head: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        with self.hub._lock:
+            self.hub.requests.append(Request(self.command, path, self.headers.get("Range")))
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["api", "models"] and len(parts) >= 4:
+            self._api(parts[2:])
+        elif len(parts) >= 5 and parts[2] == "resolve":
+            self._file("/".join(parts[:2]), parts[3], "/".join(parts[4:]), head)
+        else:
+            self._error(404, None, f"no route {path}")
 
-        def _api(self, parts: list[str]) -> None:
-            repo_id = "/".join(parts[:2])
-            repo = self._repo(repo_id)
-            if repo is None:
-                return
-            rest = parts[2:]
-            rev = rest[1] if len(rest) >= 2 and rest[0] in ("revision", "tree") else "main"
-            commit = hub._commit(repo, rev)
-            if commit is None:
-                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
-                return
-            if rest and rest[0] == "tree":
-                self._json(
-                    [
-                        {
-                            "type": "file",
-                            "path": name,
-                            "size": len(data),
-                            "oid": hashlib.sha1(data).hexdigest(),
-                        }
-                        for name, data in sorted(repo.files.items())
-                    ]
-                )
-                return
+    def _repo(self, repo_id: str) -> HubRepo | None:
+        repo = self.hub.repos.get(repo_id)
+        if repo is None:
+            self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
+        return repo
+
+    def _api(self, parts: list[str]) -> None:
+        repo_id = "/".join(parts[:2])
+        repo = self._repo(repo_id)
+        if repo is None:
+            return
+        rest = parts[2:]
+        rev = rest[1] if len(rest) >= 2 and rest[0] in ("revision", "tree") else "main"
+        commit = self.hub._commit(repo, rev)
+        if commit is None:
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            return
+        if rest and rest[0] == "tree":
             self._json(
-                {
-                    "id": repo_id,
-                    "modelId": repo_id,
-                    "sha": commit,
-                    "private": False,
-                    "siblings": [{"rfilename": name} for name in sorted(repo.files)],
-                }
+                [
+                    {
+                        "type": "file",
+                        "path": name,
+                        "size": len(data),
+                        "oid": hashlib.sha1(data).hexdigest(),
+                    }
+                    for name, data in sorted(repo.files.items())
+                ]
             )
+            return
+        self._json(
+            {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": commit,
+                "private": False,
+                "siblings": [{"rfilename": name} for name in sorted(repo.files)],
+            }
+        )
 
-        def _file(self, repo_id: str, rev: str, name: str, head: bool) -> None:
-            repo = self._repo(repo_id)
-            if repo is None:
-                return
-            commit = hub._commit(repo, rev)
-            if commit is None:
-                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
-                return
-            data = repo.files.get(name)
-            if data is None:
-                self._error(404, "EntryNotFound", f"{name} does not exist at {rev}")
-                return
-            start, status = 0, 200
-            rng = self.headers.get("Range")
-            if rng and rng.startswith("bytes=") and not head:
-                first = rng[len("bytes=") :].split("-", 1)[0]
-                start, status = int(first or 0), 206
-            body = data[start:]
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-            self.send_header("X-Repo-Commit", commit)
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-            self.end_headers()
-            if head:
-                return
-            key = (repo_id, name)
-            with hub._lock:
-                drop = status == 200 and key in hub.drop_once and len(body) > 1
-                hub.drop_once.discard(key)
-            if drop:  # half the bytes, then hang up: the client sees a short body
-                self.wfile.write(body[: len(body) // 2])
-                self.wfile.flush()
-                self.close_connection = True
-                return
-            self.wfile.write(body)
+    def _file(self, repo_id: str, rev: str, name: str, head: bool) -> None:
+        repo = self._repo(repo_id)
+        if repo is None:
+            return
+        commit = self.hub._commit(repo, rev)
+        if commit is None:
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            return
+        data = repo.files.get(name)
+        if data is None:
+            self._error(404, "EntryNotFound", f"{name} does not exist at {rev}")
+            return
+        start, status = 0, 200
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes=") and not head:
+            first = rng[len("bytes=") :].split("-", 1)[0]
+            start, status = int(first or 0), 206
+        body = data[start:]
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        self.send_header("X-Repo-Commit", commit)
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.end_headers()
+        if head:
+            return
+        key = (repo_id, name)
+        with self.hub._lock:
+            drop = status == 200 and key in self.hub.drop_once and len(body) > 1
+            self.hub.drop_once.discard(key)
+        if drop:  # half the bytes, then hang up: the client sees a short body
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        self.wfile.write(body)
 
+
+def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(_HubHandler):
+        pass
+
+    Handler.hub = hub
     return Handler
 
 
