@@ -32,6 +32,7 @@ from specls.documents_state import DocState, DocumentStates, prefix_cache
 from specls.drafting import policy_state
 from specls.engine_settings import EngineSettings
 from specls.loading import LoadedModels
+from specls.next_edit.confidence import EditConfidence, changed_positions, confidence_of
 from specls.next_edit.edits import suggested_edits
 from specls.next_edit.layouts import EditLayout, get_layout, layout_for_model
 from specls.next_edit.request_prompt import EditJob, build_job
@@ -89,6 +90,7 @@ class EditPath:
         self._lock = threading.Lock()
         self.last_prompt: list[int] = []
         self.last_tokens: list[int] = []
+        self.last_confidence: EditConfidence | None = None  # of the last request's edits
 
     def layout(self, request: NextEditRequest) -> EditLayout:
         name = request.layout or self.edit.layout or model_layout(self.models)
@@ -126,6 +128,9 @@ class EditPath:
                 self.policy.learn(out.pass_ms, feeds)
         reused = min(kept, len(job.prompt) - 1) if out.prefill_tokens or out.target_passes else 0
         result = self._result(request, job, out, stop.text, reused)
+        self.last_confidence = self._confidence(state, cache, job, out) if result.edits else None
+        if self._unsure(self.last_confidence):
+            result = replace(result, edits=(), dropped="unsure")
         self._count(result)
         return result
 
@@ -205,6 +210,32 @@ class EditPath:
             request.text, job.region, job.region_text, rewritten, job.last_edit
         )
         return replace(base, edits=tuple(edits), rewritten=rewritten, dropped=dropped, undone=undone)
+
+    def _confidence(
+        self, state: DocState, cache: KVCache, job: EditJob, out: DecodeResult
+    ) -> EditConfidence | None:
+        """The target's confidence on the output's changed tokens: one pass from the first of them
+        to the last on the document's edit KV (which then holds the output that far)."""
+        at = changed_positions(out.tokens, job.unchanged)
+        if not self.edit.confidence or not at:
+            return None
+        base, full = len(job.prompt), [*job.prompt, *out.tokens]
+        start = max(0, min(cache.length, base + at[0] - 1))
+        try:
+            cache.truncate(start)
+            logits = cache.forward(full[start : base + at[-1]])
+        except Exception as exc:  # a failed pass leaves no KV to trust, and no confidence
+            log.warning("next edit: confidence pass failed: %s", exc)
+            state.cache, state.tokens = None, []
+            return None
+        state.tokens = full[: cache.length]
+        rows = [base + p - start - 1 for p in at]
+        return confidence_of(logits[rows], [out.tokens[p] for p in at])
+
+    def _unsure(self, c: EditConfidence | None) -> bool:
+        """Whether the show rule holds an edit back: its least sure changed token below the bar."""
+        bar = self.edit.min_margin
+        return bar is not None and c is not None and c.min_margin < bar
 
     def _count(self, r: NextEditResult) -> None:
         with self._lock:

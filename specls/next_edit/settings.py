@@ -34,4 +34,9 @@ class NextEditSettings:
     # the drafting policy prices each pass's length by the measured verify costs
     draft_length: int = 48
     min_match: int = 3  # RegionDrafter's realignment match (decoder/region_drafter.py)
+    # the target's confidence on an edit's changed tokens (specls.next_edit.confidence), one short
+    # pass over them after a decode that suggests edits; an edit whose least sure changed token's
+    # top-1/top-2 logit margin is below ``min_margin`` is not shown (None: every edit is shown)
+    confidence: bool = True
+    min_margin: float | None = None
     kv_documents: int = 2  # documents whose edit-prompt KV is kept (beside the completions')
