@@ -141,7 +141,7 @@ class NextEditAsker:
         try:
             result = _plain(await asyncio.wait_for(fut, self.s.timeout_s))
         except JsonRpcException as exc:
-            if getattr(exc, "code", None) == CANCELLED or "cancel" in str(exc).lower():
+            if _is_cancel(exc):
                 self.tally.cancelled += 1
             else:
                 self.tally.errors.append(str(exc))
@@ -208,40 +208,76 @@ def pick_regions(settings: LspBenchSettings) -> list[tuple[str, str, str]]:
     return out
 
 
-async def _type_file(
-    client: Any, uri: str, text: str, region: str, s: LspBenchSettings, tally: Tally
-) -> None:
-    from lsprotocol import types
-    from pygls.exceptions import JsonRpcException
+def _is_cancel(exc: Exception) -> bool:
+    """A JSON-RPC error that says the request was cancelled."""
+    return getattr(exc, "code", None) == CANCELLED or "cancel" in str(exc).lower()
 
-    before, after = text.split("\x00")
-    doc = before + after
-    client.text_document_did_open(
-        types.DidOpenTextDocumentParams(
-            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=doc)
+
+class CompletionAsker:
+    """The replay's completion client for one file: each keystroke cancels what is in flight and
+    restarts the debounce; the request it triggers is timed from the keystroke, and the latest answer
+    is the suggestion on screen."""
+
+    def __init__(self, client: Any, uri: str, s: LspBenchSettings, tally: Tally) -> None:
+        self.client, self.uri, self.s, self.tally = client, uri, s, tally
+        self.inflight: dict[str, tuple[asyncio.Future[Any], float, float]] = {}  # id -> (future, key t, sent)
+        self.shown: tuple[int, int, str] | None = None  # the suggestion on screen: line, character, its text
+        self.latest = ""  # the id of the request of the last keystroke
+        self.timer: asyncio.TimerHandle | None = None
+        self.seq = 0
+        self.done: list[asyncio.Future[None]] = []
+
+    def keystroke(self, ch: str, line: int, col: int) -> bool:
+        """A new keystroke typing `ch` at (line, col): the editor cancels what is in flight; whether it
+        typed the next character of the suggestion on screen."""
+        from lsprotocol import types
+
+        if self.timer is not None:
+            self.timer.cancel()
+        for msg_id in list(self.inflight):
+            self.client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+            self.tally.cancel_sent += 1
+        shown = self.shown
+        self.latest = ""  # an answer to an older keystroke no longer puts a suggestion on screen
+        return shown is not None and shown[:2] == (line, col) and ch != "\n" and shown[2].startswith(ch)
+
+    def typed(self, ch: str, through: bool, key_t: float, line: int, col: int) -> None:
+        """`ch` is in the document and the cursor at (line, col): keep the rest of a suggestion typed
+        through on screen, and ask after the debounce."""
+        rest = self.shown[2][len(ch) :] if self.shown is not None and through else ""
+        self.shown = (line, col, rest) if rest else None  # the editor keeps the rest of it on screen
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.s.debounce_ms / 1000, self.ask, key_t, line, col, through)
+
+    def ask(self, key_t: float, ln: int, ch: int, through: bool) -> None:
+        from lsprotocol import types
+
+        self.seq += 1
+        msg_id = f"b{self.seq}"
+        self.latest = msg_id
+        params = types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=self.uri),
+            position=types.Position(line=ln, character=ch),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
         )
-    )
-    rng = random.Random(f"{s.seed}:{uri}")
-    line = before.count("\n")
-    col = _utf16_len(before.rsplit("\n", 1)[-1])
-    version = 1
-    inflight: dict[str, tuple[asyncio.Future[Any], float, float]] = {}  # id -> (future, key time, sent)
-    shown: tuple[int, int, str] | None = None  # the suggestion on screen: line, character, its text
-    latest = ""  # the id of the request of the last keystroke
-    pending_timer: asyncio.TimerHandle | None = None
-    seq = 0
-    loop = asyncio.get_running_loop()
-    done: list[asyncio.Future[None]] = []
-    edits = NextEditAsker(client, uri, s, tally.next_edit) if s.next_edit else None
+        fut = asyncio.wrap_future(
+            self.client.protocol.send_request(types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
+        )
+        sent = time.perf_counter()
+        self.inflight[msg_id] = (fut, key_t, sent)
+        self.tally.requests += 1
+        self.done.append(asyncio.ensure_future(self.finish(msg_id, fut, key_t, sent, (ln, ch, through))))
 
     async def finish(
-        msg_id: str, fut: asyncio.Future[Any], key_t: float, sent_t: float, at: tuple[int, int, bool]
+        self, msg_id: str, fut: asyncio.Future[Any], key_t: float, sent_t: float, at: tuple[int, int, bool]
     ) -> None:
-        nonlocal shown
+        from pygls.exceptions import JsonRpcException
+
+        tally = self.tally
         try:
-            result = await asyncio.wait_for(fut, s.timeout_s)
+            result = await asyncio.wait_for(fut, self.s.timeout_s)
         except JsonRpcException as exc:
-            if getattr(exc, "code", None) == CANCELLED or "cancel" in str(exc).lower():
+            if _is_cancel(exc):
                 tally.cancelled += 1
             else:
                 tally.errors.append(str(exc))
@@ -250,7 +286,7 @@ async def _type_file(
             tally.errors.append(f"request {msg_id} timed out")
             return
         finally:
-            inflight.pop(msg_id, None)
+            self.inflight.pop(msg_id, None)
         now = time.perf_counter()
         tally.answered += 1
         tally.latency_ms.append((now - key_t) * 1000)
@@ -261,76 +297,86 @@ async def _type_file(
             tally.served += 1
             tally.served_latency_ms.append((now - key_t) * 1000)
             text = items[0].insert_text
-            if msg_id == latest and isinstance(text, str) and text:
-                shown = (at[0], at[1], text)
+            if msg_id == self.latest and isinstance(text, str) and text:
+                self.shown = (at[0], at[1], text)
 
-    def ask(key_t: float, ln: int, ch: int, through: bool) -> None:
-        nonlocal seq, latest
-        seq += 1
-        msg_id = f"b{seq}"
-        latest = msg_id
-        params = types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri),
-            position=types.Position(line=ln, character=ch),
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+    async def wait(self) -> None:
+        """Wait for the request to be sent after the debounce and answered (a user waiting at a line end)."""
+        await asyncio.sleep(self.s.debounce_ms / 1000)
+        await asyncio.gather(
+            *[asyncio.shield(f) for f, _, _ in self.inflight.values()], return_exceptions=True
         )
-        fut = asyncio.wrap_future(
-            client.protocol.send_request(types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
-        )
-        sent = time.perf_counter()
-        inflight[msg_id] = (fut, key_t, sent)
-        tally.requests += 1
-        done.append(asyncio.ensure_future(finish(msg_id, fut, key_t, sent, (ln, ch, through))))
 
-    for ch in region:
-        # a new keystroke: the editor cancels what is in flight and restarts its debounce
-        if pending_timer is not None:
-            pending_timer.cancel()
-        for msg_id in list(inflight):
-            client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
-            tally.cancel_sent += 1
-        version += 1
-        through = shown is not None and shown[:2] == (line, col) and ch != "\n" and shown[2].startswith(ch)
-        latest = ""  # an answer to an older keystroke no longer puts a suggestion on screen
-        pos = types.Position(line=line, character=col)
-        client.text_document_did_change(
-            types.DidChangeTextDocumentParams(
-                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-                content_changes=[
-                    types.TextDocumentContentChangePartial(range=types.Range(start=pos, end=pos), text=ch)
-                ],
+    async def drain(self) -> None:
+        await asyncio.sleep(self.s.debounce_ms / 1000 + 0.01)
+        if self.done:
+            await asyncio.gather(*self.done)
+
+
+def _did_change(client: Any, uri: str, version: int, line: int, col: int, ch: str) -> None:
+    """Insert `ch` at (line, col)."""
+    from lsprotocol import types
+
+    pos = types.Position(line=line, character=col)
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[
+                types.TextDocumentContentChangePartial(range=types.Range(start=pos, end=pos), text=ch)
+            ],
+        )
+    )
+
+
+async def _type_file(
+    client: Any, uri: str, text: str, region: str, s: LspBenchSettings, tally: Tally
+) -> None:
+    from lsprotocol import types
+
+    before, after = text.split("\x00")
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(
+                uri=uri, language_id="python", version=1, text=before + after
             )
         )
+    )
+    rng = random.Random(f"{s.seed}:{uri}")
+    line = before.count("\n")
+    col = _utf16_len(before.rsplit("\n", 1)[-1])
+    version = 1
+    completions = CompletionAsker(client, uri, s, tally)
+    edits = NextEditAsker(client, uri, s, tally.next_edit) if s.next_edit else None
+    for ch in region:
+        through = completions.keystroke(ch, line, col)
+        version += 1
+        _did_change(client, uri, version, line, col, ch)
         key_t = time.perf_counter()
         tally.keystrokes += 1
-        if ch == "\n":
-            line, col = line + 1, 0
-        else:
-            col += _utf16_len(ch)
-        rest = shown[2][len(ch) :] if shown is not None and through else ""
-        shown = (line, col, rest) if rest else None  # the editor keeps the rest of it on screen
-        pending_timer = loop.call_later(s.debounce_ms / 1000, ask, key_t, line, col, through)
+        line, col = (line + 1, 0) if ch == "\n" else (line, col + _utf16_len(ch))
+        completions.typed(ch, through, key_t, line, col)
         if edits is not None:
             edits.keystroke(version, line, col)
         gap = rng.uniform(s.min_key_ms, s.max_key_ms) + (s.line_pause_ms if ch == "\n" else 0.0)
         await asyncio.sleep(gap / 1000)
-        if ch == "\n" and s.wait_at_line_end:
-            await asyncio.sleep(s.debounce_ms / 1000)  # the request is sent after the debounce
-            await asyncio.gather(
-                *[asyncio.shield(f) for f, _, _ in inflight.values()], return_exceptions=True
-            )
-            if edits is not None:
-                await edits.wait()
-        if ch == "\n" and s.read_ms > 0:
-            await asyncio.sleep(s.read_ms / 1000)
-    await asyncio.sleep(s.debounce_ms / 1000 + 0.01)
-    if done:
-        await asyncio.gather(*done)
+        if ch == "\n":
+            await _line_end(s, completions, edits)
+    await completions.drain()
     if edits is not None:
         await edits.drain()
     client.text_document_did_close(
         types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri))
     )
+
+
+async def _line_end(s: LspBenchSettings, completions: CompletionAsker, edits: NextEditAsker | None) -> None:
+    """After Enter's pause: wait for the answers (--wait-at-line-end), then read them (--read-ms)."""
+    if s.wait_at_line_end:
+        await completions.wait()
+        if edits is not None:
+            await edits.wait()
+    if s.read_ms > 0:
+        await asyncio.sleep(s.read_ms / 1000)
 
 
 def _plain(value: Any) -> Any:
@@ -343,10 +389,81 @@ def _plain(value: Any) -> Any:
     return value
 
 
-async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
+_SERVER_KEYS = (
+    "engine_calls",
+    "prefill_tokens_per_call",
+    "prefix_reuse_rate",
+    "completion_reuse_rate",
+    "cache_hit_rate",
+    "type_ahead_rate",
+    "tokens_generated",
+    "tokens_wasted",
+    "cancelled",
+    "stale_dropped",
+    "continuations",
+    "continued",
+    "continuations_preempted",
+    "empty",
+    "latency_ms",
+    "keystroke_to_result_ms",
+)
+
+
+def _client(messages: list[str]) -> Any:
+    """A language client that keeps the server's log and shown messages in `messages`."""
     from lsprotocol import types
     from pygls.lsp.client import LanguageClient
 
+    client = LanguageClient("specls-bench", __version__)
+
+    @client.feature(types.WINDOW_LOG_MESSAGE)
+    def _log(params: types.LogMessageParams) -> None:
+        messages.append(params.message)
+
+    @client.feature(types.WINDOW_SHOW_MESSAGE)
+    def _show(params: types.ShowMessageParams) -> None:
+        messages.append(params.message)
+
+    return client
+
+
+async def _initialize(client: Any, s: LspBenchSettings) -> float:
+    """Initialize with inline completion and wait for the model; the seconds it took to load."""
+    from lsprotocol import types
+
+    caps = types.ClientCapabilities(
+        text_document=types.TextDocumentClientCapabilities(
+            inline_completion=types.InlineCompletionClientCapabilities()
+        )
+    )
+    await asyncio.wait_for(client.initialize_async(types.InitializeParams(capabilities=caps)), s.timeout_s)
+    client.initialized(types.InitializedParams())
+    started = time.perf_counter()
+    while True:  # wait for the model
+        st = _plain(await client.protocol.send_request_async("specls/stats", {}))
+        if st["server"]["state"] == "ready":
+            break
+        if st["server"]["state"] == "failed":
+            raise RuntimeError(f"the server could not load its model: {st['server']['error']}")
+        if time.perf_counter() - started > s.timeout_s:
+            raise RuntimeError("the server did not load its model in time")
+        await asyncio.sleep(0.1)
+    return time.perf_counter() - started
+
+
+async def _stop(client: Any) -> None:
+    """End the server process, whether or not it shut down."""
+    await asyncio.sleep(0.2)
+    proc = getattr(client, "_server", None)
+    if proc is not None and proc.returncode is None:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(client.stop(), 10)
+    except Exception:
+        pass
+
+
+async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
     regions = pick_regions(s)
     if not regions:
         raise RuntimeError("no held-out files found (stdlib test directories)")
@@ -361,40 +478,12 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
         str(s.max_tokens),
     ]
     cmd += list(s.server)
-    client = LanguageClient("specls-bench", __version__)
     messages: list[str] = []
-
-    @client.feature(types.WINDOW_LOG_MESSAGE)
-    def _log(params: types.LogMessageParams) -> None:
-        messages.append(params.message)
-
-    @client.feature(types.WINDOW_SHOW_MESSAGE)
-    def _show(params: types.ShowMessageParams) -> None:
-        messages.append(params.message)
-
+    client = _client(messages)
     await client.start_io(*cmd)
     tally = Tally()
     try:
-        caps = types.ClientCapabilities(
-            text_document=types.TextDocumentClientCapabilities(
-                inline_completion=types.InlineCompletionClientCapabilities()
-            )
-        )
-        await asyncio.wait_for(
-            client.initialize_async(types.InitializeParams(capabilities=caps)), s.timeout_s
-        )
-        client.initialized(types.InitializedParams())
-        started = time.perf_counter()
-        while True:  # wait for the model
-            st = _plain(await client.protocol.send_request_async("specls/stats", {}))
-            if st["server"]["state"] == "ready":
-                break
-            if st["server"]["state"] == "failed":
-                raise RuntimeError(f"the server could not load its model: {st['server']['error']}")
-            if time.perf_counter() - started > s.timeout_s:
-                raise RuntimeError("the server did not load its model in time")
-            await asyncio.sleep(0.1)
-        load_s = time.perf_counter() - started
+        load_s = await _initialize(client, s)
         t0 = time.perf_counter()
         for i, (name, text, region) in enumerate(regions):
             await _type_file(client, f"file:///bench/{i}/{Path(name).name}", text, region, s, tally)
@@ -403,18 +492,22 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
         await asyncio.wait_for(client.shutdown_async(None), s.timeout_s)
         client.exit(None)
     finally:
-        await asyncio.sleep(0.2)
-        proc = getattr(client, "_server", None)
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-        try:
-            await asyncio.wait_for(client.stop(), 10)
-        except Exception:
-            pass
+        await _stop(client)
+    return _report(s, [name for name, _, _ in regions], load_s, elapsed, tally, server_stats)
+
+
+def _report(
+    s: LspBenchSettings,
+    files: list[str],
+    load_s: float,
+    elapsed: float,
+    tally: Tally,
+    server_stats: dict[str, Any],
+) -> dict[str, Any]:
     srv = server_stats["server"]
     return {
         "settings": asdict(s),
-        "files": [name for name, _, _ in regions],
+        "files": files,
         "load_s": round(load_s, 2),
         "typing_s": round(elapsed, 1),
         "keystrokes": tally.keystrokes,
@@ -434,27 +527,7 @@ async def run_bench(s: LspBenchSettings) -> dict[str, Any]:
             "p95": round(percentile(tally.request_ms, 95, NAN), 1),
             "mean": round(statistics.fmean(tally.request_ms), 1) if tally.request_ms else float("nan"),
         },
-        "server": {
-            k: srv.get(k)
-            for k in (
-                "engine_calls",
-                "prefill_tokens_per_call",
-                "prefix_reuse_rate",
-                "completion_reuse_rate",
-                "cache_hit_rate",
-                "type_ahead_rate",
-                "tokens_generated",
-                "tokens_wasted",
-                "cancelled",
-                "stale_dropped",
-                "continuations",
-                "continued",
-                "continuations_preempted",
-                "empty",
-                "latency_ms",
-                "keystroke_to_result_ms",
-            )
-        },
+        "server": {k: srv.get(k) for k in _SERVER_KEYS},
         "engine": server_stats.get("engine", {}),
         **({"next_edit": _next_edit_report(tally.next_edit, srv)} if s.next_edit else {}),
     }
