@@ -25,6 +25,7 @@ from specls.api import NextEditRequest, NextEditResult
 from specls.bench.edit_tasks import DEFAULT_PACKAGES, EditTask, mine_tasks, package_pairs
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
 from specls.engine import EngineSettings, OnnxEngine
+from specls.next_edit.confidence import EditConfidence
 from specls.next_edit.edits import apply_edits
 from specls.next_edit.settings import NextEditSettings
 
@@ -97,12 +98,19 @@ class Quality:
     no_edit: int = 0
     false_edit: int = 0
     undo: int = 0
+    malformed: int = 0
+    # each shown edit: (its least sure changed token's margin, whether it was the expected edit)
+    shown: list[tuple[float, bool]] = field(default_factory=list)
 
-    def add(self, task: EditTask, r: NextEditResult) -> None:
+    def add(self, task: EditTask, r: NextEditResult, confidence: EditConfidence | None = None) -> None:
         self.undo += int(r.undone > 0)
+        self.malformed += int(r.dropped == "malformed")
+        margin = confidence.min_margin if confidence is not None else float("inf")
         if task.expected is None:
             self.far += 1
             self.false_edit += int(bool(r.edits))
+            if r.edits:
+                self.shown.append((margin, False))
             return
         self.near += 1
         if not r.edits:
@@ -110,6 +118,7 @@ class Quality:
             return
         got = apply_edits(task.text, r.edits)
         self.exact += int(got == task.expected)
+        self.shown.append((margin, got == task.expected))
         a, b = _changed(task.text, got), _changed(task.text, task.expected)
         self.similarity += difflib.SequenceMatcher(None, "\n".join(a), "\n".join(b)).ratio()
 
@@ -125,7 +134,31 @@ class Quality:
             "no_edit_pct": pct(self.no_edit, self.near),
             "false_edit_pct": pct(self.false_edit, self.far),
             "undo_pct": pct(self.undo, self.near + self.far),
+            "malformed_pct": pct(self.malformed, self.near + self.far),
+            "show_rule": show_rule(self.shown, self.near + self.far),
         }
+
+
+def show_rule(shown: list[tuple[float, bool]], tasks: int) -> list[dict[str, Any]]:
+    """Precision against coverage of the rule "show an edit when its ``min_margin`` is at least m",
+    for m at each shown edit's margin (the surest first): shown edits, exact ones among them.
+
+    >>> [(r["min_margin"], r["shown"], r["precision_pct"]) for r in show_rule([(2.0, True), (0.5, False)], 4)]
+    [(2.0, 1, 100.0), (0.5, 2, 50.0)]
+    """
+    rows, hits = [], 0
+    for n, (margin, exact) in enumerate(sorted(shown, key=lambda x: -x[0]), start=1):
+        hits += int(exact)
+        rows.append(
+            {
+                "min_margin": round(margin, 3),
+                "shown": n,
+                "exact": hits,
+                "precision_pct": round(100.0 * hits / n, 1),
+                "coverage_pct": round(100.0 * n / tasks, 1) if tasks else None,
+            }
+        )
+    return rows
 
 
 def request_of(task: EditTask, i: int, layout: str | None, max_tokens: int | None) -> NextEditRequest:
@@ -166,7 +199,7 @@ def run_tasks(
                 r = engine.next_edit(req)
                 stats[arm].add(r, (time.perf_counter() - t0) * 1e3)
                 if arm == "plain":
-                    quality.add(task, r)
+                    quality.add(task, r, engine.edits.last_confidence if engine.edits is not None else None)
                     name = r.layout
                     continue
                 e, p = engine.edits, engines["plain"].edits
@@ -189,8 +222,13 @@ def format_table(data: dict[str, Any]) -> str:
         lines.append(
             f"layout {layout}: exact {q['exact_pct']}% of {q['near_tasks']} near, similarity "
             f"{q['changed_lines_similarity']}, no edit {q['no_edit_pct']}%, false edits {q['false_edit_pct']}% "
-            f"of {q['far_tasks']} far, undo {q['undo_pct']}%"
+            f"of {q['far_tasks']} far, undo {q['undo_pct']}%, malformed {q['malformed_pct']}%"
         )
+        lines += [
+            f"  show if min margin >= {x['min_margin']}: {x['shown']} shown, {x['exact']} exact "
+            f"({x['precision_pct']}% precision, {x['coverage_pct']}% of tasks)"
+            for x in q["show_rule"]
+        ]
         lines.append(
             f"  {'arm':8s} {'tok/pass':>8s} {'tok/s':>8s} {'p50 ms':>9s} {'mean ms':>9s} {'=plain%':>8s}"
         )

@@ -15,6 +15,7 @@ from specls.bench import edit_tasks
 from specls.bench.edit import EditBenchOptions, Quality, run_bench
 from specls.bench.edit_tasks import EditTask, fetch_sdist, file_tasks, mine_tasks, python_files
 from specls.engine import EngineSettings, OnnxEngine
+from specls.next_edit.confidence import EditConfidence
 from specls.next_edit.edits import Position, Region, TextEdit
 from specls.next_edit.settings import NextEditSettings
 
@@ -85,6 +86,23 @@ def test_quality_scores() -> None:
     assert s["exact_pct"] == pytest.approx(33.3) and s["no_edit_pct"] == pytest.approx(33.3)
     assert s["false_edit_pct"] == 50.0 and s["undo_pct"] == 0.0
     assert 0.0 < s["changed_lines_similarity"] < 1.0
+
+
+def test_the_show_rule_trades_coverage_for_precision() -> None:
+    (near,) = file_tasks("demo", "mod.py", OLD, NEW, 11, 12)[:1]
+    far = EditTask("demo/far", "mod.py", OLD, 0, 0, (), None)
+    right = TextEdit(Position(9, 15), Position(9, 16), "20")
+    wrong = TextEdit(Position(9, 15), Position(9, 16), "3")
+    q = Quality()
+    sure, unsure = EditConfidence(9.0, 9.0, 0.99, 0.99, 1), EditConfidence(0.2, 0.5, 0.4, 0.5, 2)
+    q.add(near, NextEditResult((right,), Region(0, 24), None), sure)
+    q.add(near, NextEditResult((wrong,), Region(0, 24), None), unsure)
+    q.add(far, NextEditResult((wrong,), Region(0, 24), None), unsure)  # a false edit counts as a miss
+    q.add(near, NextEditResult((), Region(0, 24), None, dropped="malformed"))
+    s = q.summary()
+    rule = [(r["min_margin"], r["shown"], r["exact"], r["precision_pct"]) for r in s["show_rule"]]
+    assert rule == [(9.0, 1, 1, 100.0), (0.2, 2, 1, 50.0), (0.2, 3, 1, 33.3)]
+    assert s["show_rule"][0]["coverage_pct"] == 25.0 and s["malformed_pct"] == 25.0
 
 
 def test_bench_on_the_bundled_pair_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
