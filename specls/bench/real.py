@@ -785,26 +785,27 @@ def llama_servers(
         yield clients
 
 
-def run_bench(opt: RealBenchOptions) -> int:
-    import tempfile
+@dataclass
+class _Lineup:
+    """What runs at each point: the specls engines (hybrid the one loaded), the lookup levers and the
+    HF baselines, for the methods chosen."""
 
+    hybrid: Any
+    engines: dict[str, Any]
+    levers: LookupLevers
+    chosen: set[str]
+    methods: list[str]
+    hf: HfGguf | None
+    hf_tok: Any
+    eos: list[int]
+
+
+def _lineup(opt: RealBenchOptions, say: Callable[[str], Any]) -> _Lineup | None:
+    """Load specls (and the HF baselines when asked); None when specls cannot load."""
     from specls.api import EngineError
     from specls.engine import EngineSettings, OnnxEngine
     from specls.model_options import engine_settings
 
-    say = sys.stderr.write
-    for f in (opt.gguf_target, opt.gguf_draft):
-        if not Path(f).is_file():
-            say(f"specls bench real: no such GGUF file: {f}\n")
-            return 2
-    points = [
-        cut_context(p, opt.prefix_chars, opt.suffix_chars)
-        for p in make_points(source_files(opt.files), opt.n, opt.seed)
-    ]
-    novel = _novel(opt)
-    if _missing_points(opt, points, novel):
-        say("specls bench real: no usable source files (or novel tasks)\n")
-        return 2
     base = engine_settings(
         {"model": opt.model, "draft": opt.draft, "threads": opt.threads},
         EngineSettings(
@@ -820,7 +821,7 @@ def run_bench(opt: RealBenchOptions) -> int:
         hybrid.load()
     except EngineError as exc:
         say(f"specls bench real: {exc}\n")
-        return 2
+        return None
     say(f"bench real: specls loaded in {time.perf_counter() - t0:.1f} s\n")
     engines = {
         "plain": hybrid.with_settings(replace(base, speculation=False)),
@@ -839,30 +840,43 @@ def run_bench(opt: RealBenchOptions) -> int:
             hf = None
     chosen = selected(opt.methods) | (set(LEVERS) if not opt.methods and "novel" in opt.tasks else set())
     methods = [m for m in (*SPECLS, *LEVERS, *LLAMA, *(HF if hf is not None else ())) if m in chosen]
-    engines = {m: e for m, e in engines.items() if m in chosen}
-    levers = LookupLevers(hybrid, base, opt.datastore)
-    results: dict[str, dict[str, Cell]] = {t: {m: Cell() for m in methods} for t in opt.tasks}
-    eos = sorted(hybrid.models.eos_ids)
-    log_dir = Path(tempfile.mkdtemp(prefix="specls-bench-real-"))
+    return _Lineup(
+        hybrid=hybrid,
+        engines={m: e for m, e in engines.items() if m in chosen},
+        levers=LookupLevers(hybrid, base, opt.datastore),
+        chosen=chosen,
+        methods=methods,
+        hf=hf,
+        hf_tok=hf_tok,
+        eos=sorted(hybrid.models.eos_ids),
+    )
+
+
+def run_bench(opt: RealBenchOptions) -> int:
+    say = sys.stderr.write
+    for f in (opt.gguf_target, opt.gguf_draft):
+        if not Path(f).is_file():
+            say(f"specls bench real: no such GGUF file: {f}\n")
+            return 2
+    points = [
+        cut_context(p, opt.prefix_chars, opt.suffix_chars)
+        for p in make_points(source_files(opt.files), opt.n, opt.seed)
+    ]
+    novel = _novel(opt)
+    if _missing_points(opt, points, novel):
+        say("specls bench real: no usable source files (or novel tasks)\n")
+        return 2
+    lineup = _lineup(opt, say)
+    if lineup is None:
+        return 2
+    results: dict[str, dict[str, Cell]] = {t: {m: Cell() for m in lineup.methods} for t in opt.tasks}
     try:
-        with llama_servers(opt, log_dir) as llama:
-            say(
-                f"bench real: {len(points)} points x {', '.join(opt.tasks)}, max {opt.max_tokens} tokens, "
-                f"{opt.threads} thread(s), methods {', '.join(methods)}; load average "
-                f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
-                f"llama-server logs in {log_dir}\n"
-            )
-            _warm_up(engines, llama, (points or [t.point for t in novel])[0])
-            for i, task, point, package in _schedule(opt.tasks, points, novel):
-                here = {**engines, **_lever_engines(levers, chosen, package, novel)}
-                line = _one_point(opt, here, llama, hf, hf_tok, eos, point, i, task, results[task])
-                total = len(novel) if task == "novel" else len(points)
-                say(f"  [{i + 1}/{total}] {task:5s} {point.kind:4s} {Path(point.path).name}: {line}\n")
+        _run_points(opt, lineup, points, novel, results, say)
     except LlamaError as exc:
         say(f"specls bench real: {exc}\n")
         return 2
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(render_table(results, methods, opt.markdown))
+    print(render_table(results, lineup.methods, opt.markdown))
     print(f"load average at the end: {load} ({os.cpu_count()} cores)")
     print(
         "tok/pass = tokens per target pass; decode tok/s = tokens / decode time (totals over the points); "
@@ -874,15 +888,61 @@ def run_bench(opt: RealBenchOptions) -> int:
     summaries = {t: {m: summarize(c) for m, c in cells.items()} for t, cells in results.items()}
     for line in render_against_llama(summaries):
         print(line)
-    for line in levers.report():
+    for line in lineup.levers.report():
         print(line)
-    # the costs each planned by and what each chose (lookup alone learns in a state of its own)
-    policy = hybrid.stats()["drafting_policy"]
+    policies = _print_policies(lineup)
+    _print_divergences(results, lineup.methods)
+    if opt.json_out:
+        data = _json_report(opt, points, results, summaries, policies, lineup.levers)
+        Path(opt.json_out).write_text(json.dumps(data, indent=2))
+    return 0
+
+
+def _run_points(
+    opt: RealBenchOptions,
+    lineup: _Lineup,
+    points: list[Point],
+    novel: list[NovelTask],
+    results: dict[str, dict[str, Cell]],
+    say: Callable[[str], Any],
+) -> None:
+    """Every point of every task class, with the llama servers up (LlamaError when one fails)."""
+    import tempfile
+
+    engines = lineup.engines
+    log_dir = Path(tempfile.mkdtemp(prefix="specls-bench-real-"))
+    with llama_servers(opt, log_dir) as llama:
+        say(
+            f"bench real: {len(points)} points x {', '.join(opt.tasks)}, max {opt.max_tokens} tokens, "
+            f"{opt.threads} thread(s), methods {', '.join(lineup.methods)}; load average "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores; "
+            f"llama-server logs in {log_dir}\n"
+        )
+        _warm_up(engines, llama, (points or [t.point for t in novel])[0])
+        for i, task, point, package in _schedule(opt.tasks, points, novel):
+            here = {**engines, **_lever_engines(lineup.levers, lineup.chosen, package, novel)}
+            line = _one_point(
+                opt, here, llama, lineup.hf, lineup.hf_tok, lineup.eos, point, i, task, results[task]
+            )
+            total = len(novel) if task == "novel" else len(points)
+            say(f"  [{i + 1}/{total}] {task:5s} {point.kind:4s} {Path(point.path).name}: {line}\n")
+
+
+def _print_policies(lineup: _Lineup) -> tuple[Any, Any]:
+    """Print the costs each planned by and what each chose (lookup alone learns in a state of its
+    own); (the hybrid's policy, lookup's or None)."""
+    engines = lineup.engines
+    policy = lineup.hybrid.stats()["drafting_policy"]
     lookup_policy = engines["lookup"].stats()["drafting_policy"] if "lookup" in engines else None
     if "hybrid" in engines:
         print(f"drafting policy (hybrid): {json.dumps(policy)}")
     if lookup_policy is not None:
         print(f"drafting policy (lookup): {json.dumps(lookup_policy)}")
+    return policy, lookup_policy
+
+
+def _print_divergences(results: dict[str, dict[str, Cell]], methods: Sequence[str]) -> None:
+    """Where each method first differed from its reference."""
     for task, cells in results.items():
         for m in methods:
             for d in cells[m].first_divergence:
@@ -890,32 +950,40 @@ def run_bench(opt: RealBenchOptions) -> int:
                 where = f"point {d['point']} token {d['position']}: {d['ref']} vs {d['got']}"
                 tie = "" if mg is None else f", {describe_margin(mg)}"
                 print(f"  {task} {m}: differs from {REFERENCE[m]} at {where}{tie}")
-    if opt.json_out:
-        data = {
-            "options": {k: v for k, v in opt.__dict__.items()},
-            "load": os.getloadavg(),
-            "points": [{"path": p.path, "kind": p.kind, "cursor": len(p.prefix)} for p in points],
-            "results": {
-                t: {
-                    m: {**summarize(c), **ratios({"plain": summarize(cells["plain"]), m: summarize(c)})[m]}
-                    for m, c in cells.items()
-                }
-                for t, cells in results.items()
-            },
-            "against_llama": {
-                t: asdict(vs) if (vs := against_llama(nums)) is not None else None
-                for t, nums in summaries.items()
-            },
-            "drafting_policy": policy,
-            "lookup_policy": lookup_policy,
-            "lookup_sources": levers.costs,
-            "divergences": {
-                t: {m: c.first_divergence for m, c in cells.items() if c.first_divergence}
-                for t, cells in results.items()
-            },
-        }
-        Path(opt.json_out).write_text(json.dumps(data, indent=2))
-    return 0
+
+
+def _json_report(
+    opt: RealBenchOptions,
+    points: list[Point],
+    results: dict[str, dict[str, Cell]],
+    summaries: dict[str, dict[str, dict[str, float | None]]],
+    policies: tuple[Any, Any],
+    levers: LookupLevers,
+) -> dict[str, Any]:
+    """The run as --json-out writes it."""
+    return {
+        "options": {k: v for k, v in opt.__dict__.items()},
+        "load": os.getloadavg(),
+        "points": [{"path": p.path, "kind": p.kind, "cursor": len(p.prefix)} for p in points],
+        "results": {
+            t: {
+                m: {**summarize(c), **ratios({"plain": summarize(cells["plain"]), m: summarize(c)})[m]}
+                for m, c in cells.items()
+            }
+            for t, cells in results.items()
+        },
+        "against_llama": {
+            t: asdict(vs) if (vs := against_llama(nums)) is not None else None
+            for t, nums in summaries.items()
+        },
+        "drafting_policy": policies[0],
+        "lookup_policy": policies[1],
+        "lookup_sources": levers.costs,
+        "divergences": {
+            t: {m: c.first_divergence for m, c in cells.items() if c.first_divergence}
+            for t, cells in results.items()
+        },
+    }
 
 
 def _novel(opt: RealBenchOptions) -> list[NovelTask]:
