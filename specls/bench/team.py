@@ -163,6 +163,112 @@ def heldout_files(limit_bytes: int = 60_000) -> list[Path]:
     return sorted(files)
 
 
+def _pick_region(
+    rng: random.Random, files: list[Path], typing: TypingSettings
+) -> tuple[Path, int, list[str], str] | None:
+    """A seeded file and region: (path, first line, the region's lines, the text without them); None
+    when the file is unreadable or too short."""
+    path = rng.choice(files)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if len(lines) < typing.region_lines + 4:
+        return None
+    start = rng.randrange(2, len(lines) - typing.region_lines)
+    region = lines[start : start + typing.region_lines]
+    return path, start, region, "".join(lines[:start] + lines[start + typing.region_lines :])
+
+
+async def _read_suggestion(
+    fut: asyncio.Future[dict[str, Any]], typing: TypingSettings, stats: ClientStats
+) -> bool:
+    """End of the line's text: wait for the suggestion and "read" it before Enter; False when the
+    connection dropped."""
+    try:
+        await asyncio.wait_for(asyncio.shield(fut), typing.result_timeout_s)
+    except TimeoutError:
+        stats.errors.append("no result within the timeout")
+    except ConnectionError as exc:
+        stats.errors.append(f"connection: {exc}")
+        return False
+    await asyncio.sleep(typing.line_pause_s)
+    return True
+
+
+def _insert(client: LspClient, uri: str, version: int, line_no: int, col: int, ch: str) -> None:
+    pos = {"line": line_no, "character": col}
+    client.notify(
+        "textDocument/didChange",
+        {
+            "textDocument": {"uri": uri, "version": version},
+            "contentChanges": [{"range": {"start": pos, "end": pos}, "text": ch}],
+        },
+    )
+
+
+def _ask(
+    client: LspClient, uri: str, line_no: int, col: int, stats: ClientStats
+) -> tuple[int, asyncio.Future[dict[str, Any]]]:
+    """An inline completion at the cursor, recorded in `stats` when answered; (its id, its answer)."""
+    sent = time.monotonic()
+    rid, fut = client.request(
+        "textDocument/inlineCompletion",
+        {
+            "textDocument": {"uri": uri},
+            "position": {"line": line_no, "character": col},
+            "context": {"triggerKind": 2},
+        },
+    )
+    stats.requests += 1
+    fut.add_done_callback(partial(_record, sent=sent, stats=stats))
+    return rid, fut
+
+
+async def _type_document(
+    client: LspClient,
+    uri: str,
+    text: str,
+    start: int,
+    region: list[str],
+    deadline: float,
+    typing: TypingSettings,
+    stats: ClientStats,
+    rng: random.Random,
+) -> bool:
+    """Open `text`, type `region` back at line `start` (until the deadline) and close it; False when
+    the connection dropped (the document is left open)."""
+    version = 1
+    client.notify(
+        "textDocument/didOpen",
+        {"textDocument": {"uri": uri, "languageId": "python", "version": version, "text": text}},
+    )
+    line_no = start
+    pending: tuple[int, asyncio.Future[dict[str, Any]]] | None = None
+    for typed_line in region:
+        col = 0
+        for ch in typed_line:
+            if time.monotonic() >= deadline:
+                break
+            if ch == "\n" and pending is not None:
+                if not await _read_suggestion(pending[1], typing, stats):
+                    return False
+                pending = None
+            if pending is not None and not pending[1].done():
+                client.notify("$/cancelRequest", {"id": pending[0]})
+                stats.cancellations += 1
+            version += 1
+            _insert(client, uri, version, line_no, col, ch)
+            stats.keystrokes += 1
+            line_no, col = (line_no + 1, 0) if ch == "\n" else (line_no, col + _utf16_len(ch))
+            pending = _ask(client, uri, line_no, col, stats)
+            await asyncio.sleep(rng.expovariate(typing.chars_per_s))
+        if time.monotonic() >= deadline:
+            break
+    client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    return True
+
+
 async def typist(
     idx: int,
     host: str,
@@ -182,75 +288,14 @@ async def typist(
             return
         doc_no = 0
         while time.monotonic() < deadline:
-            path = rng.choice(files)
-            try:
-                lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-            except (OSError, UnicodeDecodeError):
+            picked = _pick_region(rng, files, typing)
+            if picked is None:
                 continue
-            if len(lines) < typing.region_lines + 4:
-                continue
-            start = rng.randrange(2, len(lines) - typing.region_lines)
-            region = lines[start : start + typing.region_lines]
-            text = "".join(lines[:start] + lines[start + typing.region_lines :])
+            path, start, region, text = picked
             doc_no += 1
             uri = f"file:///bench/c{idx}/{doc_no}/{path.name}"
-            version = 1
-            client.notify(
-                "textDocument/didOpen",
-                {"textDocument": {"uri": uri, "languageId": "python", "version": version, "text": text}},
-            )
-            line_no = start
-            pending: tuple[int, asyncio.Future[dict[str, Any]], float] | None = None
-            for typed_line in region:
-                col = 0
-                for ch in typed_line:
-                    if time.monotonic() >= deadline:
-                        break
-                    if ch == "\n" and pending is not None:
-                        # end of the line's text: wait for the suggestion and "read" it before Enter
-                        try:
-                            await asyncio.wait_for(asyncio.shield(pending[1]), typing.result_timeout_s)
-                        except TimeoutError:
-                            stats.errors.append("no result within the timeout")
-                        except ConnectionError as exc:
-                            stats.errors.append(f"connection: {exc}")
-                            return
-                        pending = None
-                        await asyncio.sleep(typing.line_pause_s)
-                    if pending is not None and not pending[1].done():
-                        client.notify("$/cancelRequest", {"id": pending[0]})
-                        stats.cancellations += 1
-                    pending = None
-                    version += 1
-                    pos = {"line": line_no, "character": col}
-                    client.notify(
-                        "textDocument/didChange",
-                        {
-                            "textDocument": {"uri": uri, "version": version},
-                            "contentChanges": [{"range": {"start": pos, "end": pos}, "text": ch}],
-                        },
-                    )
-                    stats.keystrokes += 1
-                    if ch == "\n":
-                        line_no, col = line_no + 1, 0
-                    else:
-                        col += _utf16_len(ch)
-                    sent = time.monotonic()
-                    rid, fut = client.request(
-                        "textDocument/inlineCompletion",
-                        {
-                            "textDocument": {"uri": uri},
-                            "position": {"line": line_no, "character": col},
-                            "context": {"triggerKind": 2},
-                        },
-                    )
-                    stats.requests += 1
-                    fut.add_done_callback(partial(_record, sent=sent, stats=stats))
-                    pending = (rid, fut, sent)
-                    await asyncio.sleep(rng.expovariate(typing.chars_per_s))
-                if time.monotonic() >= deadline:
-                    break
-            client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+            if not await _type_document(client, uri, text, start, region, deadline, typing, stats, rng):
+                return
         try:
             await client.call("shutdown", None, 30)
             client.notify("exit", None)
@@ -418,6 +463,51 @@ def _report(label: str, stats: list[ClientStats], duration: float, rss: tuple[fl
     print(f"server RSS start/end    {rss[0]:.0f} MB / {rss[1]:.0f} MB")
 
 
+@dataclass
+class _Rounds:
+    """What the rounds against a started server gave: the last round's client stats and duration, the
+    server's RSS before the clients and after each round, its stats before and after."""
+
+    stats: list[ClientStats]
+    elapsed: float
+    rss_start: float
+    rounds_rss: list[float]
+    before: dict[str, Any]
+    after: dict[str, Any]
+
+
+def _run_rounds(
+    args: argparse.Namespace,
+    typing: TypingSettings,
+    proc: subprocess.Popen[str],
+    host: str,
+    port: int,
+    tokens: list[str],
+) -> _Rounds:
+    """Wait for the server, then run the clients `args.rounds` times (the last token is the observer's)."""
+    before = asyncio.run(wait_ready(host, port, tokens[-1]))
+    rss_start = rss_mb(proc.pid)
+    files = heldout_files()
+    rounds_rss: list[float] = []
+    for r in range(max(1, args.rounds)):
+        t0 = time.monotonic()
+        stats = asyncio.run(
+            run_clients(
+                host,
+                port,
+                list(tokens[: args.clients]),
+                args.duration,
+                replace(typing, seed=typing.seed + r),
+                files,
+            )
+        )
+        elapsed = time.monotonic() - t0
+        time.sleep(1.0)
+        rounds_rss.append(rss_mb(proc.pid))
+    after = asyncio.run(server_stats(host, port, tokens[-1]))
+    return _Rounds(stats, elapsed, rss_start, rounds_rss, before, after)
+
+
 def _bench_team(args: argparse.Namespace) -> int:
     if args.batching_micro:
         return _batching_micro(args)
@@ -436,77 +526,64 @@ def _bench_team(args: argparse.Namespace) -> int:
         token_file.chmod(0o600)
         proc, host, port = _start_server(args, token_file)
         try:
-            before = asyncio.run(wait_ready(host, port, tokens[-1]))
-            rss_start = rss_mb(proc.pid)
-            files = heldout_files()
-            rounds_rss: list[float] = []
-            for r in range(max(1, args.rounds)):
-                t0 = time.monotonic()
-                stats = asyncio.run(
-                    run_clients(
-                        host,
-                        port,
-                        list(tokens[: args.clients]),
-                        args.duration,
-                        replace(typing, seed=typing.seed + r),
-                        files,
-                    )
-                )
-                elapsed = time.monotonic() - t0
-                time.sleep(1.0)
-                rounds_rss.append(rss_mb(proc.pid))
-            after = asyncio.run(server_stats(host, port, tokens[-1]))
-            rss_end = rounds_rss[-1]
+            run = _run_rounds(args, typing, proc, host, port, tokens)
         finally:
             proc.terminate()
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        _report(f"{args.clients} clients, engine {args.engine}", stats, elapsed, (rss_start, rss_end))
-        if len(rounds_rss) > 1:
+        rss = (run.rss_start, run.rounds_rss[-1])
+        _report(f"{args.clients} clients, engine {args.engine}", run.stats, run.elapsed, rss)
+        if len(run.rounds_rss) > 1:
             print(
                 "server RSS after rounds  "
-                + " / ".join(f"{x:.0f}" for x in rounds_rss)
+                + " / ".join(f"{x:.0f}" for x in run.rounds_rss)
                 + " MB (last round shown)"
             )
-        team = after.get("team") or {}
+        team = run.after.get("team") or {}
         if team:
-            spec = team.get("speculation", {})
-            print(f"speculation decisions   {spec.get('decisions')}")
-            print(
-                f"scheduler               served {team.get('served')} cancelled {team.get('cancelled')} "
-                f"superseded {team.get('superseded')} dropped {team.get('dropped')} max depth "
-                f"{team.get('max_depth_seen')}"
-            )
-            print(f"scheduler workers       {team.get('workers')}")
-        eng = after.get("engine") or {}
-        eng0 = before.get("engine") or {}
+            _print_team(team)
+        eng = run.after.get("engine") or {}
         if eng:
-            docs0 = eng0.get("documents", eng0.get("open_documents"))
-            docs1 = eng.get("documents", eng.get("open_documents"))
-            print(f"engine documents        {docs0} before / {docs1} after clients left")
-            if "kv_tokens" in eng:
-                print(
-                    f"engine KV tokens        {eng0.get('kv_tokens')} before / {eng.get('kv_tokens')} after"
-                )
-            b = eng.get("batching")
-            if isinstance(b, dict):
-                if b.get("enabled"):
-                    print(
-                        f"batching                on (max {b.get('max_batch')}): {b.get('passes')} passes, "
-                        f"{b.get('batched_passes')} batched, mean batch {b.get('mean_batch', 0.0):.2f}, "
-                        f"sizes {b.get('sizes')}"
-                    )
-                else:
-                    print(f"batching                off (max_batch {b.get('max_batch')})")
-            if "acceptance" in eng:
-                print(
-                    f"engine acceptance       {eng.get('acceptance'):.3f}  tokens/pass {eng.get('tokens_per_pass'):.2f}"
-                )
+            _print_engine(run.before.get("engine") or {}, eng)
         if args.json:
             print(json.dumps({"team": team, "engine": eng}, default=str))
-    return 0 if not any(s.errors for s in stats) else 1
+    return 0 if not any(s.errors for s in run.stats) else 1
+
+
+def _print_team(team: dict[str, Any]) -> None:
+    spec = team.get("speculation", {})
+    print(f"speculation decisions   {spec.get('decisions')}")
+    print(
+        f"scheduler               served {team.get('served')} cancelled {team.get('cancelled')} "
+        f"superseded {team.get('superseded')} dropped {team.get('dropped')} max depth "
+        f"{team.get('max_depth_seen')}"
+    )
+    print(f"scheduler workers       {team.get('workers')}")
+
+
+def _print_engine(eng0: dict[str, Any], eng: dict[str, Any]) -> None:
+    """The engine's documents, KV tokens, batching and acceptance (before the clients and after)."""
+    docs0 = eng0.get("documents", eng0.get("open_documents"))
+    docs1 = eng.get("documents", eng.get("open_documents"))
+    print(f"engine documents        {docs0} before / {docs1} after clients left")
+    if "kv_tokens" in eng:
+        print(f"engine KV tokens        {eng0.get('kv_tokens')} before / {eng.get('kv_tokens')} after")
+    b = eng.get("batching")
+    if isinstance(b, dict):
+        if b.get("enabled"):
+            print(
+                f"batching                on (max {b.get('max_batch')}): {b.get('passes')} passes, "
+                f"{b.get('batched_passes')} batched, mean batch {b.get('mean_batch', 0.0):.2f}, "
+                f"sizes {b.get('sizes')}"
+            )
+        else:
+            print(f"batching                off (max_batch {b.get('max_batch')})")
+    if "acceptance" in eng:
+        print(
+            f"engine acceptance       {eng.get('acceptance'):.3f}  tokens/pass {eng.get('tokens_per_pass'):.2f}"
+        )
 
 
 def _batching_micro(args: argparse.Namespace) -> int:
