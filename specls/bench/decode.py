@@ -320,15 +320,13 @@ def run(args: argparse.Namespace) -> int:
     return run_bench(options_from_args(args))
 
 
-def run_bench(opt: BenchOptions) -> int:
+def _timed_engine(opt: BenchOptions) -> tuple[Any, Any, CallLog] | None:
+    """The loaded hybrid engine with its models' calls logged, and the base settings; None (said on
+    stderr) when it cannot load."""
     from specls.api import EngineError
     from specls.engine import EngineSettings, OnnxEngine
     from specls.model_options import engine_settings
 
-    points = make_points(source_files(opt.files), opt.n, opt.seed)
-    if not points:
-        sys.stderr.write("specls bench decode: no usable source files\n")
-        return 2
     # each run measures its own pass costs
     base = engine_settings(
         {"model": opt.model, "draft": opt.draft, "threads": opt.threads},
@@ -339,7 +337,7 @@ def run_bench(opt: BenchOptions) -> int:
         hybrid.load()
     except EngineError as exc:
         sys.stderr.write(f"specls bench decode: {exc}\n")
-        return 2
+        return None
     log = CallLog()
     untimed = hybrid.models
     models = replace(
@@ -347,7 +345,19 @@ def run_bench(opt: BenchOptions) -> int:
         target=TimedLM(untimed.target, "target", log),
         draft=TimedLM(untimed.draft, "draft", log) if untimed.draft is not None else None,
     )
-    hybrid = OnnxEngine(hybrid.settings, models)
+    return OnnxEngine(hybrid.settings, models), base, log
+
+
+def run_bench(opt: BenchOptions) -> int:
+    points = make_points(source_files(opt.files), opt.n, opt.seed)
+    if not points:
+        sys.stderr.write("specls bench decode: no usable source files\n")
+        return 2
+    loaded = _timed_engine(opt)
+    if loaded is None:
+        return 2
+    hybrid, base, log = loaded
+    models = hybrid.models
     engines = {
         "plain": hybrid.with_settings(replace(base, speculation=False)),
         "lookup": hybrid.with_settings(replace(base, draft_model=False, completion_reuse=False)),
@@ -372,33 +382,16 @@ def run_bench(opt: BenchOptions) -> int:
     if hf is not None:
         for m in HF:
             hf.run(m, engines["plain"].last_prompt, 4, eos)
-
     for i, point in enumerate(points):
-        ref: list[int] | None = None
-        prompt: list[int] = []
-        for name in OURS:  # plain first: it is the reference of this point
-            log.method = name
-            r = _ours(engines[name], point, f"p{i}-{name}", opt.max_tokens)
-            if name == "plain":
-                ref, prompt = r.tokens, list(engines["plain"].last_prompt)
-            _compare(summary[name], models, prompt, ref, r)
-            summary[name].runs.append(r)
-        if hf is not None:
-            max_new = min(opt.max_tokens, models.max_positions - len(prompt))
-            for m in HF:
-                r = hf.run(m, prompt, max_new, eos)
-                _compare(summary[m], models, prompt, ref, r)
-                summary[m].runs.append(r)
+        ref = _one_point(opt, engines, hf, eos, log, i, point, summary)
         plain_ms = summary["plain"].runs[-1].ms
         say(
             f"  [{i + 1}/{len(points)}] {point.kind:4s} {Path(point.path).name}: "
             + " ".join(f"{m}={summary[m].runs[-1].ms:.0f}ms" for m in methods)
             + f" (plain {len(ref or [])} tokens, hybrid x{plain_ms / max(1e-9, summary['hybrid'].runs[-1].ms):.2f})\n"
         )
-
     log.method = "sweep"
-    table = _table(summary, methods, log)
-    print(table)
+    print(_table(summary, methods, log))
     sweep = (
         _draft_length_sweep(hybrid, base, points[: max(1, opt.sweep_points)], opt)
         if opt.draft_lengths
@@ -418,6 +411,36 @@ def run_bench(opt: BenchOptions) -> int:
         }
         Path(opt.json_out).write_text(json.dumps(data, indent=2))
     return 0
+
+
+def _one_point(
+    opt: BenchOptions,
+    engines: dict[str, Any],
+    hf: HfBaselines | None,
+    eos: list[int],
+    log: CallLog,
+    i: int,
+    point: Point,
+    summary: dict[str, MethodSummary],
+) -> list[int] | None:
+    """Run every method at point `i`, each compared with plain greedy's tokens; those tokens."""
+    models = engines["hybrid"].models
+    ref: list[int] | None = None
+    prompt: list[int] = []
+    for name in OURS:  # plain first: it is the reference of this point
+        log.method = name
+        r = _ours(engines[name], point, f"p{i}-{name}", opt.max_tokens)
+        if name == "plain":
+            ref, prompt = r.tokens, list(engines["plain"].last_prompt)
+        _compare(summary[name], models, prompt, ref, r)
+        summary[name].runs.append(r)
+    if hf is not None:
+        max_new = min(opt.max_tokens, models.max_positions - len(prompt))
+        for m in HF:
+            r = hf.run(m, prompt, max_new, eos)
+            _compare(summary[m], models, prompt, ref, r)
+            summary[m].runs.append(r)
+    return ref
 
 
 def _load_hf(opt: BenchOptions) -> HfBaselines | None:
