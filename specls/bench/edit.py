@@ -64,12 +64,20 @@ class ArmStats:
     identical: int = 0
     compared: int = 0
     divergences: list[str] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    # target decode passes by rows fed: (passes, ms) per bucket of PASS_ROWS
+    pass_rows: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, r: NextEditResult, ms: float) -> None:
         self.tokens += r.tokens
         self.passes += r.target_passes
         self.decode_ms += r.decode_ms
+        self.prefill_ms += r.prefill_ms
         self.e2e_ms.append(ms)
+        for rows, pass_ms in r.decode.pass_ms if r.decode is not None else ():
+            bucket = self.pass_rows.setdefault(_rows_bucket(rows), [0.0, 0.0])
+            bucket[0] += 1
+            bucket[1] += pass_ms
 
     def summary(self) -> dict[str, Any]:
         ms = sorted(self.e2e_ms)
@@ -80,7 +88,26 @@ class ArmStats:
             "e2e_ms_mean": round(statistics.fmean(ms), 1) if ms else None,
             "identical_to_plain": round(100.0 * self.identical / self.compared, 1) if self.compared else None,
             "divergences": self.divergences[:5],
+            "prefill_ms_mean": round(self.prefill_ms / len(ms), 1) if ms else None,
+            # what a target pass costs by its rows: where the decode time goes
+            "pass_ms_by_rows": {
+                k: {"passes": int(n), "ms_mean": round(t / n, 1)}
+                for k, (n, t) in sorted(self.pass_rows.items(), key=lambda kv: int(kv[0].split("-")[0]))
+            },
         }
+
+
+PASS_ROWS = ((1, 1), (2, 8), (9, 16), (17, 32), (33, 49), (50, 10_000))
+
+
+def _rows_bucket(rows: int) -> str:
+    """The PASS_ROWS bucket of a pass over ``rows`` tokens, as "lo-hi".
+
+    >>> _rows_bucket(1), _rows_bucket(20)
+    ('1-1', '17-32')
+    """
+    lo, hi = next(((a, b) for a, b in PASS_ROWS if a <= rows <= b), PASS_ROWS[-1])
+    return f"{lo}-{hi}"
 
 
 def _changed(before: str, after: str) -> list[str]:
@@ -238,6 +265,10 @@ def format_table(data: dict[str, Any]) -> str:
                 f"{s['e2e_ms_mean']!s:>9s} {s['identical_to_plain'] if arm != 'plain' else '-'!s:>8s}"
             )
             lines += [f"    diverged: {x}" for x in s["divergences"]]
+            rows = ", ".join(
+                f"{k}: {v['passes']} x {v['ms_mean']} ms" for k, v in s["pass_ms_by_rows"].items()
+            )
+            lines.append(f"    prefill {s['prefill_ms_mean']} ms; target passes by rows: {rows}")
     return "\n".join(lines)
 
 

@@ -128,4 +128,6 @@ def test_bench_on_the_bundled_pair_is_exact(tmp_path: Path, capsys: pytest.Captu
         for arm in ("region", "lookup", "policy"):
             assert d["arms"][arm]["identical_to_plain"] == 100.0, d["arms"][arm]["divergences"]
         assert d["arms"]["plain"]["tokens_per_pass"] == 1.0
+        assert set(d["arms"]["plain"]["pass_ms_by_rows"]) == {"1-1"}  # plain passes feed one token
+        assert sum(v["passes"] for v in d["arms"]["policy"]["pass_ms_by_rows"].values()) > 0
     assert "layout sweep: exact" in capsys.readouterr().out
