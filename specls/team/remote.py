@@ -9,7 +9,7 @@ run here, the model runs there.
   Qwen2.5-Coder base model, whose completions endpoint has no ``suffix``). Prefix/suffix are clipped to
   a character budget.
 - Streaming: Server-Sent Events; the text-level ``stop`` runs on every chunk and closes the stream as
-  soon as the completion is finished.
+  soon as the completion is finished (the HTTP side is ``specls.team.remote_http``).
 - Cancellation: a watcher polls the cancel check and shuts the socket down, which aborts the HTTP
   stream (the server sees the disconnect and stops generating).
 - Caching: an LRU of finished completions per (prefix, suffix, max_tokens), and "typed-ahead" reuse:
@@ -20,17 +20,12 @@ run here, the model runs there.
 from __future__ import annotations
 
 import hashlib
-import http.client
-import json
 import logging
-import socket
 import threading
 import time
-import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from specls.api import (
     CompletionRequest,
@@ -45,6 +40,7 @@ from specls.next_edit.edits import suggested_edits
 from specls.next_edit.layouts import get_layout, layout_for_model
 from specls.next_edit.request_prompt import render_edit
 from specls.next_edit.settings import NextEditSettings
+from specls.team.remote_http import CancelWatcher, NotYet, RemoteHttp, Reply
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +72,12 @@ class RemoteSettings:
     retry_max_s: float = 10.0  # ... up to this
 
 
-# Answers of a back end that is starting or overloaded: worth another try. Others (401, 404 model...) are not.
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-
-
 def backoff_delay(attempt: int, initial_s: float, max_s: float) -> float:
     """Seconds to wait before retry number ``attempt`` (0-based): ``initial_s`` doubled per attempt,
     capped at ``max_s``. E.g. initial 0.5, max 10: 0.5, 1, 2, 4, 8, 10, 10, ..."""
     if attempt < 0 or initial_s <= 0:
         return max(0.0, initial_s)
     return float(min(max_s, initial_s * 2 ** min(attempt, 62)))
-
-
-class _NotYet(Exception):
-    """The back end is not ready yet (a retryable answer); the message says what it answered."""
 
 
 def fill_template(template: str, prefix: str, suffix: str) -> str:
@@ -103,17 +91,6 @@ def fill_template(template: str, prefix: str, suffix: str) -> str:
     return head + prefix + mid + suffix + tail
 
 
-def parse_sse_data(line: bytes) -> str | None:
-    """The payload of one SSE ``data:`` line, or None for other lines (comments, event names)."""
-    s = line.decode("utf-8", "replace").rstrip("\r\n")
-    if not s.startswith("data:"):
-        return None
-    return s[5:].lstrip(" ")
-
-
-TextStop = Callable[[str], int | None]  # CompletionRequest.stop: the length to keep, or None
-
-
 @dataclass
 class _Cached:
     text: str  # what the server produced (before our text-level stop)
@@ -124,16 +101,7 @@ class _Cached:
 class RemoteEngine:
     def __init__(self, settings: RemoteSettings) -> None:
         self.settings = settings
-        url = settings.base_url.rstrip("/")
-        if url.endswith("/v1"):
-            url = url[:-3]
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise EngineError(f"remote engine URL must be http(s)://host[:port], got {settings.base_url!r}")
-        self._scheme = parsed.scheme
-        self._host = parsed.hostname
-        self._port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        self._base_path = parsed.path.rstrip("/")
+        self._http = RemoteHttp(settings)
         self._model = settings.model
         self._ready = False
         self._lock = threading.Lock()
@@ -146,8 +114,6 @@ class RemoteEngine:
         self._last_load_error = ""
         self._stats = {
             "requests": 0,
-            "http_requests": 0,
-            "errors": 0,
             "cache_hits": 0,
             "type_ahead_hits": 0,
             "aborted_streams": 0,
@@ -156,47 +122,7 @@ class RemoteEngine:
 
     @property
     def url(self) -> str:
-        return f"{self._scheme}://{self._host}:{self._port}{self._base_path}"
-
-    # -- HTTP plumbing ---------------------------------------------------------------------------
-
-    def _conn(self) -> http.client.HTTPConnection:
-        if self._scheme == "https":
-            return http.client.HTTPSConnection(
-                self._host, self._port, timeout=self.settings.connect_timeout_s
-            )
-        return http.client.HTTPConnection(self._host, self._port, timeout=self.settings.connect_timeout_s)
-
-    def _headers(self, body: bool) -> dict[str, str]:
-        h = {"Accept": "application/json, text/event-stream", "User-Agent": "specls"}
-        if body:
-            h["Content-Type"] = "application/json"
-        if self.settings.api_key:
-            h["Authorization"] = f"Bearer {self.settings.api_key}"
-        return h
-
-    def _fail(self, what: str, exc: BaseException | str) -> EngineError:
-        with self._lock:
-            self._stats["errors"] += 1
-        reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        return EngineError(f"remote engine at {self.url}: {what}: {reason}")
-
-    @staticmethod
-    def _error_detail(resp: http.client.HTTPResponse) -> str:
-        try:
-            raw = resp.read(4096).decode("utf-8", "replace")
-        except OSError:
-            return f"HTTP {resp.status}"
-        try:
-            obj = json.loads(raw)
-            err = obj.get("error") if isinstance(obj, dict) else None
-            if isinstance(err, dict):
-                raw = str(err.get("message", raw))
-            elif isinstance(err, str):
-                raw = err
-        except ValueError:
-            pass
-        return f"HTTP {resp.status}: {raw.strip()[:300]}"
+        return self._http.url
 
     # -- Engine protocol -------------------------------------------------------------------------
 
@@ -213,14 +139,14 @@ class RemoteEngine:
             try:
                 self._probe()
                 break
-            except _NotYet as exc:
+            except NotYet as exc:
                 reason = str(exc)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 with self._lock:
                     self._load_state = "failed"
                 waited = f" after {attempt + 1} attempts in {s.load_wait_s:g} s" if attempt else ""
-                raise self._fail(f"back end not ready{waited}", reason)
+                raise self._http.fail(f"back end not ready{waited}", reason)
             delay = min(backoff_delay(attempt, s.retry_initial_s, s.retry_max_s), remaining)
             attempt += 1
             message = f"waiting for back end at {self.url} ({reason}); retry {attempt} in {delay:.1f} s"
@@ -244,32 +170,14 @@ class RemoteEngine:
         self._closing.set()
 
     def _probe(self) -> None:
-        """One ``GET /v1/models``; raises _NotYet (retryable) or EngineError (permanent)."""
-        conn = self._conn()
-        try:
-            conn.request("GET", f"{self._base_path}/v1/models", headers=self._headers(False))
-            resp = conn.getresponse()
-            if resp.status in (401, 403):
-                raise self._fail("listing models", self._error_detail(resp) + " (check the API key)")
-            if resp.status in RETRY_STATUSES:
-                raise _NotYet(self._error_detail(resp))
-            if resp.status == 200:
-                data = json.loads(resp.read() or b"{}")
-                ids = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
-                if not self._model and ids and isinstance(ids[0], str):
-                    self._model = ids[0]
-                elif self._model and ids and self._model not in ids:
-                    raise self._fail("listing models", f"model {self._model!r} not served (has {ids})")
-            elif resp.status != 404:  # a server without /v1/models still may serve completions
-                raise self._fail("listing models", self._error_detail(resp))
-        except (EngineError, _NotYet):
-            raise
-        except (OSError, http.client.HTTPException) as exc:  # not listening yet, reset, timed out
-            raise _NotYet(f"cannot connect: {type(exc).__name__}: {exc}") from None
-        except ValueError as exc:
-            raise self._fail("listing models", f"bad JSON: {exc}") from None
-        finally:
-            conn.close()
+        """One ``GET /v1/models``, picking the model; raises NotYet (retryable) or EngineError (permanent)."""
+        ids = self._http.list_models()
+        if ids is None:  # a server without /v1/models still may serve completions
+            return
+        if not self._model and ids and isinstance(ids[0], str):
+            self._model = ids[0]
+        elif self._model and ids and self._model not in ids:
+            raise self._http.fail("listing models", f"model {self._model!r} not served (has {ids})")
 
     @property
     def ready(self) -> bool:
@@ -302,9 +210,9 @@ class RemoteEngine:
         body.pop("suffix", None)
         body["prompt"] = r.prompt  # the layout's prompt as it is, no FIM template around it
         t0 = time.perf_counter()
-        watch = _CancelWatcher(cancelled, self.settings.cancel_poll_s)
-        reply = _Reply()
-        self._post(inner, watch, reply, body)
+        watch = CancelWatcher(cancelled, self.settings.cancel_poll_s)
+        reply = Reply()
+        self._http.complete(body, inner.stop, watch, reply)
         if watch.aborted.is_set():
             return no_next_edit(request, "cancelled", provider="remote")
         # the server leaves out the stop string it ended at: "stop" is an ended output
@@ -322,7 +230,9 @@ class RemoteEngine:
         return replace(result, edits=tuple(edits), dropped=dropped, undone=undone, provider="remote")
 
     def stats(self) -> dict[str, object]:
+        http_requests, errors = self._http.counts()
         with self._lock:
+            counts = dict(self._stats)
             return {
                 "engine": "remote",
                 "url": self.url,
@@ -332,7 +242,10 @@ class RemoteEngine:
                 "last_load_error": self._last_load_error,
                 "open_documents": len(self._docs),
                 "cached_completions": len(self._cache),
-                **self._stats,
+                "requests": counts.pop("requests"),
+                "http_requests": http_requests,
+                "errors": errors,
+                **counts,
             }
 
     def _from_cache(self, request: CompletionRequest) -> CompletionResult | None:
@@ -409,9 +322,9 @@ class RemoteEngine:
         if cancelled():
             return CompletionResult(text="", stop_reason="cancelled", cancelled=True, provider="remote")
         t0 = time.perf_counter()
-        watch = _CancelWatcher(cancelled, self.settings.cancel_poll_s)
-        reply = _Reply()
-        self._post(request, watch, reply)
+        watch = CancelWatcher(cancelled, self.settings.cancel_poll_s)
+        reply = Reply()
+        self._http.complete(self._body(request), request.stop, watch, reply)
         if watch.aborted.is_set():
             with self._lock:
                 self._stats["aborted_streams"] += 1
@@ -432,63 +345,6 @@ class RemoteEngine:
             reply.extra,
         )
 
-    def _post(
-        self,
-        request: CompletionRequest,
-        watch: _CancelWatcher,
-        reply: _Reply,
-        fields: dict[str, object] | None = None,
-    ) -> None:
-        """Send the request (``fields``: its body, when not the completion's) and read the answer
-        into ``reply``; a read that fails because the request was cancelled leaves what arrived so
-        far and ``watch.aborted`` set."""
-        body = json.dumps(fields if fields is not None else self._body(request)).encode("utf-8")
-        conn = self._conn()
-        with self._lock:
-            self._stats["http_requests"] += 1
-        try:
-            conn.request("POST", f"{self._base_path}/v1/completions", body=body, headers=self._headers(True))
-            sock = conn.sock
-            if sock is not None:
-                sock.settimeout(self.settings.read_timeout_s)
-            watch.start(sock)
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise self._fail("completion failed", self._error_detail(resp))
-            if "text/event-stream" in resp.getheader("Content-Type", ""):
-                self._read_stream(resp, request.stop, reply)
-            else:
-                reply.read_body(json.loads(resp.read() or b"{}"), request.stop)
-        except EngineError:
-            raise
-        except (OSError, http.client.HTTPException, ValueError, AttributeError, TypeError) as exc:
-            if not watch.aborted.is_set():
-                raise self._fail("completion failed", exc) from None
-        finally:
-            watch.done.set()
-            conn.close()
-
-    def _read_stream(self, resp: http.client.HTTPResponse, stop: TextStop | None, reply: _Reply) -> None:
-        """Server-Sent Events: ``stop`` runs on every chunk and ends the read as soon as the
-        completion is finished."""
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            data = parse_sse_data(line)
-            if not data:
-                continue
-            if data.strip() == "[DONE]":
-                break
-            obj = json.loads(data)
-            if isinstance(obj, dict) and obj.get("error"):
-                raise self._fail("stream error", str(obj["error"])[:300])
-            piece = reply.add_chunk(obj)
-            if stop is not None and piece:
-                reply.kept = stop(reply.raw)
-                if reply.kept is not None:
-                    break
-
     def _remember(self, request: CompletionRequest, entry: _Cached) -> None:
         """Count the request and keep its answer for the LRU cache and typed-ahead reuse."""
         with self._lock:
@@ -500,98 +356,6 @@ class RemoteEngine:
             while len(self._cache) > max(0, self.settings.cache_size):
                 self._cache.popitem(last=False)
             self._last[request.doc_id] = (request.prefix, request.suffix, entry)
-
-
-class _CancelWatcher:
-    """Polls the cancel check while a request runs and, on cancel, shuts the socket down, which
-    aborts the HTTP stream (the server sees the disconnect and stops generating)."""
-
-    def __init__(self, cancelled: CancelCheck, poll_s: float) -> None:
-        self._cancelled = cancelled
-        self._poll_s = poll_s
-        self.done = threading.Event()
-        self.aborted = threading.Event()
-        # getresponse() hands the socket to the response (conn.sock becomes None): keep our own handle
-        self._socks: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._watch, name="specls-remote-cancel", daemon=True)
-
-    def start(self, sock: socket.socket | None) -> None:
-        if sock is not None:
-            self._socks.append(sock)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self.done.wait(self._poll_s):
-            try:
-                stop = self._cancelled()
-            except Exception:
-                stop = True
-            if stop:
-                self.aborted.set()
-                for sock in self._socks:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                return
-
-
-@dataclass
-class _Reply:
-    """What the server answered so far; filled while reading, so a cancelled read still counts the
-    chunks that arrived."""
-
-    raw: str = ""
-    finish: str | None = None  # the server's finish_reason
-    kept: int | None = None  # where the request's text-level stop cut ``raw``
-    chunks: int = 0
-    extra: dict[str, object] = field(default_factory=dict)  # a specls serve-engine's decode stats
-
-    def add_chunk(self, obj: Any) -> str:
-        """One streamed event; returns its text."""
-        choice = (obj.get("choices") or [{}])[0]
-        piece: str = choice.get("text") or ""
-        if piece:
-            self.chunks += 1
-            self.raw += piece
-        if choice.get("finish_reason"):
-            self.finish = str(choice["finish_reason"])
-        if isinstance(obj.get("specls"), dict):
-            self.extra = obj["specls"]
-        return piece
-
-    def read_body(self, obj: Any, stop: TextStop | None) -> None:
-        """A whole (not streamed) answer."""
-        choice = (obj.get("choices") or [{}])[0]
-        self.raw = choice.get("text") or ""
-        self.finish = choice.get("finish_reason")
-        usage = obj.get("usage") or {}
-        self.chunks = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
-        if isinstance(obj.get("specls"), dict):
-            self.extra = obj["specls"]
-        if stop is not None:
-            self.kept = stop(self.raw)
-
-    @property
-    def complete(self) -> bool:
-        """The server finished on its own (not cut by our stop or a cancel)."""
-        return self.kept is None and self.finish is not None
-
-    @property
-    def text(self) -> str:
-        return self.raw if self.kept is None else self.raw[: self.kept]
-
-    def tokens(self) -> int:
-        """The server's own token count when it reports one, else the chunks received."""
-        reported = self.extra.get("tokens")
-        return reported if isinstance(reported, int) else self.chunks
-
-    def stop_reason(self) -> str:
-        if self.kept is not None:
-            return "stop"
-        if self.finish == "length":
-            return "max_tokens"
-        return "eos" if self.finish else "max_tokens"
 
 
 def _with_remote_stats(result: CompletionResult, extra: dict[str, object]) -> CompletionResult:

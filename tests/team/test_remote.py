@@ -14,7 +14,8 @@ import pytest
 from specls.api import CompletionRequest, EngineError
 from specls.team.auth import TokenStore, parse_token_file
 from specls.team.fake import FakeEngine, FakeEngineSettings
-from specls.team.remote import QWEN_FIM, RemoteEngine, RemoteSettings, fill_template, parse_sse_data
+from specls.team.remote import QWEN_FIM, RemoteEngine, RemoteSettings, fill_template
+from specls.team.remote_http import parse_sse_data
 from specls.team.serve_engine import EngineHTTPServer, ServeEngineSettings
 
 
