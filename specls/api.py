@@ -47,23 +47,11 @@ class CompletionRequest:
     raw: bool = False
 
 
-@dataclass
-class CompletionResult:
-    """One completion's text and where it came from. ``decode`` is the decode that produced it, with
-    its cost (passes, drafting, prefill, times; a remote engine fills in what its server reports), or
-    None when no decode ran (a cache hit, an empty or cancelled request); the properties read it."""
+class DecodeCounts:
+    """A result's decode counts, read from its ``decode`` (zero or empty when no decode ran): one
+    reading for a completion and a next edit alike."""
 
-    text: str
-    tokens: int = 0  # tokens the text stands for (generated, or replayed from a cache)
-    stop_reason: str = "max_tokens"
-    cancelled: bool = False
-    decode: DecodeResult | None = None
-    prefix_reused_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
-    completion_reuse: bool = False  # the previous completion was used as the draft
-    cache_hit: bool = False  # answered from the finished-completion LRU, no model call
-    type_ahead: bool = False  # the rest of the last suggestion, which the user typed into: no model call
-    partial: bool = False  # cut by the request's early_stop where its stop would have gone on
-    provider: str = "cpu"
+    decode: DecodeResult | None
 
     @property
     def target_passes(self) -> int:
@@ -100,6 +88,25 @@ class CompletionResult:
     @property
     def first_pass_tokens(self) -> int:
         return self.decode.first_pass_tokens if self.decode is not None else 0
+
+
+@dataclass
+class CompletionResult(DecodeCounts):
+    """One completion's text and where it came from. ``decode`` is the decode that produced it, with
+    its cost (passes, drafting, prefill, times; a remote engine fills in what its server reports), or
+    None when no decode ran (a cache hit, an empty or cancelled request); the properties read it."""
+
+    text: str
+    tokens: int = 0  # tokens the text stands for (generated, or replayed from a cache)
+    stop_reason: str = "max_tokens"
+    cancelled: bool = False
+    decode: DecodeResult | None = None
+    prefix_reused_tokens: int = 0  # prompt tokens whose KV was reused from the previous request
+    completion_reuse: bool = False  # the previous completion was used as the draft
+    cache_hit: bool = False  # answered from the finished-completion LRU, no model call
+    type_ahead: bool = False  # the rest of the last suggestion, which the user typed into: no model call
+    partial: bool = False  # cut by the request's early_stop where its stop would have gone on
+    provider: str = "cpu"
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-able data (the decode's counts flat, without its token ids)."""
@@ -183,7 +190,7 @@ class NextEditRequest:
 
 
 @dataclass(frozen=True)
-class NextEditResult:
+class NextEditResult(DecodeCounts):
     """The suggested edits (document coordinates, UTF-16 characters; empty: nothing to show) and how
     they came: the ``region`` rewritten (lines [start_line, end_line)), the model's ``rewritten``
     region (None: no usable output), and the decode. ``dropped`` says why nothing is shown ("" when
@@ -203,29 +210,12 @@ class NextEditResult:
     prefix_reused_tokens: int = 0
     provider: str = "cpu"
 
-    @property
-    def target_passes(self) -> int:
-        return self.decode.target_passes if self.decode is not None else 0
-
-    @property
-    def prefill_tokens(self) -> int:
-        return self.decode.prefill_tokens if self.decode is not None else 0
-
-    @property
-    def prefill_ms(self) -> float:
-        return self.decode.prefill_ms if self.decode is not None else 0.0
-
-    @property
-    def decode_ms(self) -> float:
-        return self.decode.decode_ms if self.decode is not None else 0.0
-
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-able data: ``specls next-edit --json``'s object (edits as LSP ``TextEdit``s).
 
         >>> NextEditResult((), Region(3, 5), None, dropped="malformed").to_dict()["region"]
         {'start_line': 3, 'end_line': 5}
         """
-        d = self.decode
         return {
             "edits": [e.to_json() for e in self.edits],
             "region": {"start_line": self.region.start_line, "end_line": self.region.end_line},
@@ -239,9 +229,9 @@ class NextEditResult:
             "dropped": self.dropped,
             "undone": self.undone,
             "layout": self.layout,
-            "drafted": d.drafted if d is not None else 0,
-            "accepted": d.accepted if d is not None else 0,
-            "per_drafter": {k: asdict(v) for k, v in d.per_drafter.items()} if d is not None else {},
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "per_drafter": {k: asdict(v) for k, v in self.per_drafter.items()},
             "prefill_tokens": self.prefill_tokens,
             "prefix_reused_tokens": self.prefix_reused_tokens,
             "provider": self.provider,
