@@ -81,6 +81,37 @@ def _utf16_to_index(line: str, col: int, clamp: bool) -> int | None:
     return len(data[: 2 * col].decode("utf-16-le", "surrogatepass"))
 
 
+def line_bounds(text: str, starts: Sequence[int], line: int) -> tuple[int, int]:
+    """[start, end) code point offsets of ``line`` of ``text`` (its ``line_starts``) without its line
+    ending."""
+    start = starts[line]
+    if line + 1 < len(starts):
+        end = starts[line + 1]
+        end -= 2 if text.startswith("\r\n", end - 2) and end - 2 >= start else 1
+    else:
+        end = len(text)
+    return start, end
+
+
+def lsp_offset(text: str, starts: Sequence[int], line: int, character: int, clamp: bool) -> int | None:
+    r"""Code point offset in ``text`` (its ``line_starts``) of an LSP position: exact (None when it is
+    not in the text) or clamped as ``didChange`` ranges are (see the module's docstring).
+
+    >>> text = "a\U0001f600b\nc"  # the emoji is two UTF-16 units
+    >>> [lsp_offset(text, line_starts(text), 0, ch, clamp=False) for ch in (3, 2, 9)]
+    [2, None, None]
+    >>> [lsp_offset(text, line_starts(text), 0, ch, clamp=True) for ch in (2, 9)]
+    [1, 3]
+    """
+    if line < 0 or character < 0:
+        return 0 if clamp else None
+    if line >= len(starts):
+        return len(text) if clamp else None
+    start, end = line_bounds(text, starts, line)
+    col = _utf16_to_index(text[start:end], character, clamp)
+    return None if col is None else start + col
+
+
 @dataclass
 class Document:
     uri: str
@@ -110,23 +141,10 @@ class Document:
 
     def line_bounds(self, line: int) -> tuple[int, int]:
         """[start, end) code point offsets of ``line`` without its line ending."""
-        starts = self.starts
-        start = starts[line]
-        if line + 1 < len(starts):
-            end = starts[line + 1]
-            end -= 2 if self.text.startswith("\r\n", end - 2) and end - 2 >= start else 1
-        else:
-            end = len(self.text)
-        return start, end
+        return line_bounds(self.text, self.starts, line)
 
     def _offset(self, line: int, character: int, clamp: bool) -> int | None:
-        if line < 0 or character < 0:
-            return 0 if clamp else None
-        if line >= self.line_count:
-            return len(self.text) if clamp else None
-        start, end = self.line_bounds(line)
-        col = _utf16_to_index(self.text[start:end], character, clamp)
-        return None if col is None else start + col
+        return lsp_offset(self.text, self.starts, line, character, clamp)
 
     def offset_at(self, line: int, character: int) -> int | None:
         """Exact code point offset of an LSP position, or None when it is not in the document."""

@@ -18,32 +18,17 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 from urllib.parse import unquote, urlparse
+
+from specls.lsp.documents import LspRange, line_starts, lsp_offset
 
 from specls.next_edit.edit_diff import EditDiff
 
 log = logging.getLogger(__name__)
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")
-
-
-class LspPosition(Protocol):
-    @property
-    def line(self) -> int: ...
-
-    @property
-    def character(self) -> int: ...
-
-
-class LspRange(Protocol):
-    @property
-    def start(self) -> LspPosition: ...
-
-    @property
-    def end(self) -> LspPosition: ...
 
 
 def uri_to_path(uri: str) -> str:
@@ -88,32 +73,13 @@ def _ends_line(s: str) -> bool:
     return s == "" or s.endswith(("\n", "\r"))
 
 
-def _utf16_index(line: str, col: int) -> int:
-    """Index into ``line`` of UTF-16 column ``col``, clamped to the line (as LSP edits clamp)."""
-    if line.isascii():
-        return max(0, min(col, len(line)))
-    units = 0
-    for i, ch in enumerate(line):
-        if units >= col:
-            return i
-        units += 2 if ord(ch) > 0xFFFF else 1
-    return len(line)
-
-
-def _offset(text: str, starts: Sequence[int], line: int, character: int) -> int:
-    """Code point offset of an LSP position, clamped like ``didChange`` ranges are."""
-    if line < 0:
-        return 0
-    if line >= len(starts):
-        return len(text)
-    a = starts[line]
-    b = starts[line + 1] if line + 1 < len(starts) else len(text)
-    body = text[a:b].rstrip("\r\n")
-    return a + _utf16_index(body, character)
-
-
-def _line_starts(text: str) -> list[int]:
-    return [0, *(m.end() for m in _NEWLINE.finditer(text))]
+def _range_offsets(text: str, rng: LspRange) -> tuple[int, int]:
+    """[a, b) code point span of a ``didChange`` range, clamped as the document store clamps it."""
+    starts = line_starts(text)
+    a = lsp_offset(text, starts, rng.start.line, rng.start.character, clamp=True)
+    b = lsp_offset(text, starts, rng.end.line, rng.end.character, clamp=True)
+    assert a is not None and b is not None  # clamp mode always gives an offset
+    return min(a, b), max(a, b)
 
 
 @dataclass
@@ -171,10 +137,8 @@ class EditHistory:
                 s += 1
             a, b, new = p, len(text) - s, new_text[p : len(new_text) - s]
         else:
-            starts = _line_starts(text)
-            a = _offset(text, starts, rng.start.line, rng.start.character)
-            b = _offset(text, starts, rng.end.line, rng.end.character)
-            a, b, new = min(a, b), max(a, b), new_text
+            a, b = _range_offsets(text, rng)
+            new = new_text
         if a == b and not new:
             return
         t = self._clock() if now is None else now
