@@ -17,21 +17,22 @@ from typing import Any
 MULTILINE_MODES = ("auto", "always", "never")
 LOG_LEVELS = ("error", "warning", "info", "debug")
 
-# Settings that only take effect when the engine is (re)built, i.e. before the model is loaded: the
-# model options every command shares, by the same names (specls.model_options, EngineSettings)
-ENGINE_FIELDS = frozenset(
-    {
-        "model",
-        "preset",
-        "draft",
-        "draft_model",
-        "lookup",
-        "speculation",
-        "type_ahead",
-        "draft_length",
-        "threads",
-    }
+# The model options every command shares, by their one name (CLI destination, LSP setting in
+# snake_case, EngineSettings field): specls.model_options gives them their flags
+MODEL_OPTIONS = (
+    "model",
+    "preset",
+    "draft",
+    "draft_model",
+    "lookup",
+    "speculation",
+    "type_ahead",
+    "draft_length",
+    "threads",
 )
+# Settings that only take effect when the engine is (re)built, i.e. before the model is loaded: the
+# model options, by the same names
+ENGINE_FIELDS = frozenset(MODEL_OPTIONS)
 
 
 @dataclass(frozen=True)

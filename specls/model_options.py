@@ -30,20 +30,8 @@ from typing import Any
 
 from specls.api import EngineError
 from specls.engine_settings import EngineSettings
-from specls.lsp.settings import parse_draft_length
+from specls.lsp.settings import MODEL_OPTIONS, parse_draft_length
 
-# the shared settings, by their one name (CLI destination, LSP setting in snake_case, EngineSettings field)
-MODEL_OPTIONS = (
-    "model",
-    "preset",
-    "draft",
-    "draft_model",
-    "lookup",
-    "speculation",
-    "type_ahead",
-    "draft_length",
-    "threads",
-)
 # prompt lookup's sources beyond the open buffers (EngineSettings.workspace, .datastore): the CLI's
 # and the engine's names; not LSP settings yet (specls.lsp.settings.ENGINE_FIELDS lists those)
 LOOKUP_OPTIONS = ("workspace", "datastore")
