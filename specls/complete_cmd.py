@@ -10,7 +10,13 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from specls.engine import OnnxEngine
+    from specls.engine_settings import EngineSettings
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
@@ -59,9 +65,7 @@ def register(sub: Any) -> None:
     from specls.model_options import add_model_arguments
 
     p = sub.add_parser("complete", help="complete a file at a position (prints the completion)")
-    p.add_argument("file", type=Path)
-    p.add_argument("--line", type=int, required=True, help="0-based line")
-    p.add_argument("--character", type=int, required=True, help="0-based character (UTF-16 code units)")
+    add_position_arguments(p)
     add_model_arguments(p)  # --model, --preset, --draft, --no-draft, --no-lookup, --threads, ... (one place)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -73,30 +77,20 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specls.api import CompletionRequest, EngineError
-    from specls.engine import EngineSettings, OnnxEngine, result_to_dict
+    from specls.engine import EngineSettings, result_to_dict
     from specls.model_options import engine_settings
 
     path: Path = args.file
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        _err(f"cannot read {path}: {exc.strerror or exc}")
+    at = read_at(path, args.line, args.character, _err)
+    if at is None:
         return 2
-    text = raw.decode("utf-8", errors="replace")
-    try:
-        offset = offset_of(text, args.line, args.character)
-    except PositionError as exc:
-        _err(f"{path}: {exc}")
-        return 2
+    text, offset = at
     if args.max_tokens < 0 or args.temperature < 0:
         _err("--max-tokens and --temperature must not be negative")
         return 2
     settings = engine_settings(vars(args), EngineSettings(temperature=args.temperature, seed=args.seed))
-    engine = OnnxEngine(settings)
-    try:
-        engine.load(PreparingReport(sys.stderr))
-    except EngineError as exc:
-        _err(str(exc))
+    engine = load_engine(settings, _err)
+    if engine is None:
         return 2
     doc_id = path.resolve().as_uri()
     engine.update_document(doc_id, text)
@@ -121,6 +115,49 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(policy, dict) and policy.get("choices"):
             sys.stderr.write(format_policy(policy) + "\n")
     return 0
+
+
+def add_position_arguments(p: argparse.ArgumentParser) -> None:
+    """FILE and the LSP-style position in it: the arguments of ``complete`` and ``next-edit``."""
+    p.add_argument("file", type=Path)
+    p.add_argument("--line", type=int, required=True, help="0-based line")
+    p.add_argument("--character", type=int, required=True, help="0-based character (UTF-16 code units)")
+
+
+def read_text(path: Path, err: Callable[[str], None]) -> str | None:
+    """``path``'s text (UTF-8, bad bytes replaced), or None once ``err`` is told why it cannot be read."""
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        err(f"cannot read {path}: {exc.strerror or exc}")
+        return None
+
+
+def read_at(path: Path, line: int, character: int, err: Callable[[str], None]) -> tuple[str, int] | None:
+    """``path``'s text and the str index of a position in it, or None once ``err`` is told what is wrong."""
+    text = read_text(path, err)
+    if text is None:
+        return None
+    try:
+        return text, offset_of(text, line, character)
+    except PositionError as exc:
+        err(f"{path}: {exc}")
+        return None
+
+
+def load_engine(settings: EngineSettings, err: Callable[[str], None]) -> OnnxEngine | None:
+    """The in-process engine, loaded (a model being prepared reported on stderr), or None once ``err``
+    is told why it cannot load."""
+    from specls.api import EngineError
+    from specls.engine import OnnxEngine
+
+    engine = OnnxEngine(settings)
+    try:
+        engine.load(PreparingReport(sys.stderr))
+    except EngineError as exc:
+        err(str(exc))
+        return None
+    return engine
 
 
 class PreparingReport:

@@ -22,12 +22,11 @@ def _err(message: str) -> None:
 
 
 def register(sub: Any) -> None:
+    from specls.complete_cmd import add_position_arguments
     from specls.model_options import add_model_arguments
 
     p = sub.add_parser("next-edit", help="suggest the next edit near a position (prints it as a diff)")
-    p.add_argument("file", type=Path)
-    p.add_argument("--line", type=int, required=True, help="0-based line")
-    p.add_argument("--character", type=int, required=True, help="0-based character (UTF-16 code units)")
+    add_position_arguments(p)
     p.add_argument("--before", type=Path, metavar="PATH", help="FILE before the recent edits (the history)")
     add_model_arguments(p)  # --model, --draft, --no-draft, --no-lookup, --no-speculation, ... (one place)
     p.add_argument("--max-tokens", type=int, default=None, help="budget of the rewrite (default: by region)")
@@ -37,39 +36,24 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_bytes().decode("utf-8", errors="replace")
-    except OSError as exc:
-        _err(f"cannot read {path}: {exc.strerror or exc}")
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
     from specls.api import EngineError, NextEditRequest
-    from specls.complete_cmd import PositionError, PreparingReport, format_stats, offset_of
-    from specls.engine import EngineSettings, OnnxEngine
+    from specls.complete_cmd import format_stats, load_engine, read_at, read_text
+    from specls.engine import EngineSettings
     from specls.model_options import engine_settings
     from specls.next_edit.edit_diff import diffs_between
 
     path: Path = args.file
-    text = _read(path)
-    before = _read(args.before) if args.before is not None else None
-    if text is None or (args.before is not None and before is None):
+    at = read_at(path, args.line, args.character, _err)
+    before = read_text(args.before, _err) if args.before is not None else None
+    if at is None or (args.before is not None and before is None):
         return 2
-    try:
-        offset_of(text, args.line, args.character)
-    except PositionError as exc:
-        _err(f"{path}: {exc}")
-        return 2
+    text = at[0]
     if args.max_tokens is not None and args.max_tokens <= 0:
         _err("--max-tokens must be positive")
         return 2
-    engine = OnnxEngine(engine_settings(vars(args), EngineSettings()))
-    try:
-        engine.load(PreparingReport(sys.stderr))
-    except EngineError as exc:
-        _err(str(exc))
+    engine = load_engine(engine_settings(vars(args), EngineSettings()), _err)
+    if engine is None:
         return 2
     doc_id = path.resolve().as_uri()
     engine.update_document(doc_id, text)
