@@ -130,6 +130,30 @@ class _Job:
             return no_next_edit(self.request, "cancelled")
         return _cancelled_result("unrun")
 
+    def event(
+        self,
+        outcome: str,
+        result: CompletionResult | None,
+        now: float,
+        queued_until: float,
+        error: BaseException | None = None,
+    ) -> RequestEvent:
+        """What happened to this job, for the observers: submitted until ``now``, queued until
+        ``queued_until`` (its dispatch, or ``now`` for one that never ran: no speculation cap then)."""
+        return RequestEvent(
+            client=self.session.client,
+            session=self.session.id,
+            doc_id=self.session.outer_id(self.doc_id),
+            outcome=outcome,
+            result=result,
+            latency_s=now - self.submitted,
+            queued_s=queued_until - self.submitted,
+            speculation_cap=self.cap,
+            speculation_reason=self.cap_reason,
+            error=None if error is None else f"{type(error).__name__}: {error}",
+            kind=self.kind(),
+        )
+
     def cancelled(self) -> bool:
         if self.stop_flag is not None:
             return True
@@ -471,19 +495,7 @@ class FairScheduler:
             self._counts[outcome] += 1
         job.result = job.unrun()
         now = time.monotonic()
-        self._emit(
-            RequestEvent(
-                client=job.session.client,
-                session=job.session.id,
-                doc_id=job.session.outer_id(job.doc_id),
-                outcome=outcome,
-                result=_cancelled_result(why),
-                latency_s=now - job.submitted,
-                queued_s=now - job.submitted,
-                speculation_cap=None,
-                kind=job.kind(),
-            )
-        )
+        self._emit(job.event(outcome, _cancelled_result(why), now, queued_until=now))
         job.done.set()
 
     def _emit(self, event: RequestEvent) -> None:
@@ -576,21 +588,7 @@ class FairScheduler:
             self._cond.notify_all()
         job.result, job.error = result, error
         assert job.dispatched is not None
-        self._emit(
-            RequestEvent(
-                client=job.session.client,
-                session=job.session.id,
-                doc_id=job.session.outer_id(job.doc_id),
-                outcome=outcome,
-                result=summary,
-                latency_s=now - job.submitted,
-                queued_s=job.dispatched - job.submitted,
-                speculation_cap=job.cap,
-                speculation_reason=job.cap_reason,
-                error=None if error is None else f"{type(error).__name__}: {error}",
-                kind=job.kind(),
-            )
-        )
+        self._emit(job.event(outcome, summary, now, queued_until=job.dispatched, error=error))
         job.done.set()
 
     # -- lifecycle / stats -------------------------------------------------------------------------
