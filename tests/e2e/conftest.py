@@ -8,6 +8,7 @@ bundled model pair.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ENV_FILE = REPO / ".cache" / "editors.env"
 ARTIFACTS = REPO / "test-artifacts"
+NVIM_PLUGIN = REPO / "editors" / "nvim"
 # Ghost text must appear within this (the first completion includes the model load on a busy 2-core box).
 GHOST_TIMEOUT_S = float(os.environ.get("SPECLS_E2E_GHOST_TIMEOUT", "90"))
 
@@ -143,32 +145,37 @@ class TcpServer:
     log: Path
 
 
+@contextlib.contextmanager
+def listening_server(
+    what: str, cmd: list[str], env: dict[str, str], port: int, log: Path, timeout_s: float
+) -> Iterator[None]:
+    """``cmd`` (a server, output to ``log``) started in its own process group and waited for by its
+    LISTEN socket on ``port``; stopped on leaving."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not listening(port):
+            if proc.poll() is not None:
+                pytest.fail(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{what} did not listen on {port} within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}"
+                )
+            time.sleep(0.1)
+        yield
+    finally:
+        stop(proc)
+
+
 @pytest.fixture
 def tcp_server(specls_bin: Path, tmp_path: Path) -> Iterator[TcpServer]:
     """`specls serve --tcp 127.0.0.1:PORT`, waited for by its LISTEN socket, stopped afterwards."""
     port = free_port()
     log = tmp_path / "specls-tcp.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(specls_bin), "serve", "--tcp", f"127.0.0.1:{port}", "--threads", "1"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=clean_env(tmp_path / "server-env"),
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while not listening(port):
-            if proc.poll() is not None:
-                pytest.fail(f"specls serve --tcp exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"specls serve --tcp did not listen on {port} within 120 s:\n{log.read_text()[-3000:]}"
-                )
-            time.sleep(0.1)
+    cmd = [str(specls_bin), "serve", "--tcp", f"127.0.0.1:{port}", "--threads", "1"]
+    with listening_server("specls serve --tcp", cmd, clean_env(tmp_path / "server-env"), port, log, 120):
         yield TcpServer("127.0.0.1", port, log)
-    finally:
-        stop(proc)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -213,6 +220,69 @@ def load_result(path: Path, output: str) -> dict[str, object]:
         pytest.fail(f"the editor wrote no result; its output:\n{output[-4000:]}")
     result: dict[str, object] = json.loads(path.read_text())
     return result
+
+
+def editor_result(name: str, rc: int, started: float, path: Path, output: str) -> dict[str, object]:
+    """The result an editor run wrote to ``path``, its log printed; fails unless the run says ok."""
+    result = load_result(path, output)
+    print(f"[{name}] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log")))
+    assert result.get("ok"), (
+        f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
+    )
+    return result
+
+
+def run_nvim_script(
+    nvim: Path,
+    script: Path,
+    tmp: Path,
+    name: str,
+    source: tuple[str, str],
+    env: dict[str, str],
+    timeout_s: float,
+) -> dict[str, object]:
+    """``script`` in headless Neovim with editors/nvim on ``source`` (file name, text) in a fresh project
+    under ``tmp``; ``env`` adds the run's own SPECLS_E2E_* settings to a clean environment. The editor
+    gets ``timeout_s``; its lsp.log is kept. Returns the result the script wrote (it must say ok)."""
+    project = tmp / "project"
+    project.mkdir()
+    (project / ".git").mkdir()  # a root marker, as in a real checkout
+    path = project / source[0]
+    path.write_text(source[1])
+    result_path = tmp / "result.json"
+    run_env = clean_env(tmp / "env")
+    run_env.update(
+        SPECLS_E2E_PLUGIN=str(NVIM_PLUGIN),
+        SPECLS_E2E_FILE=str(path),
+        SPECLS_E2E_RESULT=str(result_path),
+        **env,
+    )
+    started = time.monotonic()
+    cmd = [str(nvim), "--headless", "--clean", "-S", str(script)]
+    rc, output = run_bounded(cmd, run_env, timeout=timeout_s, cwd=project)
+    keep_artifact(tmp / "env" / "state" / "nvim" / "lsp.log", f"{name}-lsp.log")
+    return editor_result(name, rc, started, result_path, output)
+
+
+def vscode_env(
+    editors: Editors, tmp: Path, workspace: Path, file: str, result_path: Path, **e2e: str
+) -> dict[str, str]:
+    """A clean environment for one VS Code driver run on ``file`` in ``workspace`` (its run files under
+    ``tmp``); ``e2e`` adds the driver's own E2E_* settings."""
+    env = clean_env(tmp / "env")
+    env.update(
+        NODE_PATH=str(editors.node_path),
+        CODE_SERVER=str(editors.code_server),
+        CHROMIUM=str(editors.chromium),
+        VSIX=str(editors.vsix),
+        E2E_WORKSPACE=str(workspace),
+        E2E_FILE=file,
+        E2E_RUN_DIR=str(tmp / "run"),
+        E2E_ARTIFACTS=str(ARTIFACTS),
+        E2E_RESULT=str(result_path),
+        **e2e,
+    )
+    return env
 
 
 # A model given by name: the tiny random checkpoint of tests/models served by a local hub

@@ -5,71 +5,13 @@
 -- written here), SPECLS_E2E_TIMEOUT_MS (for the ghost text to appear).
 -- Result: { ok, error?, version, native, ghost, before, after, row, col, attach_ms, ghost_ms, log,
 -- progress (the load progress messages the plugin showed) }.
-local uv = vim.uv
-local t0 = uv.hrtime()
-local function ms()
-  return math.floor((uv.hrtime() - t0) / 1e6)
-end
-
-local result = { ok = false, log = {} }
-local function log(msg)
-  local line = string.format('%6d ms %s', ms(), msg)
-  table.insert(result.log, line)
-  io.stderr:write(line .. '\n')
-end
-
-local function finish()
-  local f = assert(io.open(os.getenv('SPECLS_E2E_RESULT'), 'w'))
-  f:write(vim.json.encode(result))
-  f:close()
-  for _, c in ipairs(vim.lsp.get_clients()) do
-    c:stop(true)
-  end
-  vim.cmd('qall!')
-end
-
-local co -- the test coroutine: it yields to the main loop while it waits, so typed keys get processed
-
-local function resume()
-  local ok, err = coroutine.resume(co)
-  if not ok then
-    result.error = 'lua error: ' .. debug.traceback(co, tostring(err))
-    finish()
-  end
-end
-
-local function sleep(n)
-  vim.defer_fn(resume, n)
-  coroutine.yield()
-end
-
---- Wait (in the main loop) until cond() is true or timeout_ms passed; returns cond()'s last value.
-local function wait_until(timeout_ms, cond, step)
-  local stop = ms() + timeout_ms
-  while true do
-    local v = cond()
-    if v or ms() >= stop then
-      return v
-    end
-    sleep(step or 50)
-  end
-end
-
-local function feed(keys, mode)
-  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(keys, true, false, true), mode, false)
-end
-
-local function fail(msg)
-  result.error = msg
-  log('FAIL: ' .. msg)
-  finish()
-end
+local e2e = dofile(debug.getinfo(1, 'S').source:sub(2):match('^(.*[/\\])') .. 'nvim_driver.lua')
+local result, log, ms = e2e.result, e2e.log, e2e.ms
+local sleep, wait_until, feed, fail = e2e.sleep, e2e.wait_until, e2e.feed, e2e.fail
 
 local function run()
-  local v = vim.version()
-  result.version = string.format('%d.%d.%d', v.major, v.minor, v.patch)
-  vim.opt.runtimepath:prepend(assert(os.getenv('SPECLS_E2E_PLUGIN')))
-  local timeout = tonumber(os.getenv('SPECLS_E2E_TIMEOUT_MS') or '') or 120000
+  e2e.load_plugin()
+  local timeout = e2e.timeout_ms(120000)
 
   local setup = { settings = { maxTokens = 24 }, debounce_ms = 50 }
   local tcp = os.getenv('SPECLS_E2E_TCP')
@@ -92,17 +34,12 @@ local function run()
   })
   result.native = vim.lsp.inline_completion ~= nil
 
-  vim.cmd.edit(vim.fn.fnameescape(assert(os.getenv('SPECLS_E2E_FILE'))))
-  local buf = vim.api.nvim_get_current_buf()
+  local buf = e2e.open_file()
   log('opened, filetype=' .. vim.bo[buf].filetype)
 
-  local client
-  local attached = wait_until(60000, function()
-    client = vim.lsp.get_clients({ bufnr = buf, name = 'specls' })[1]
-    return client ~= nil and client.initialized == true
-  end)
-  if not attached then
-    return fail('the specls client did not attach within 60 s')
+  local client = e2e.attach(buf)
+  if not client then
+    return
   end
   result.attach_ms = ms()
   log('attached, server capabilities inlineCompletionProvider=' .. vim.inspect(
@@ -197,7 +134,7 @@ local function run()
   local cursor = vim.api.nvim_win_get_cursor(0)
   result.row, result.col = cursor[1] - 1, cursor[2]
   result.ghost_row, result.ghost_col = row, col
-  result.before = table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), '\n')
+  result.before = e2e.text_of(buf)
   log(string.format('ghost at %d:%d %q', row, col, text))
 
   local tick = vim.api.nvim_buf_get_changedtick(buf)
@@ -207,24 +144,11 @@ local function run()
     return vim.api.nvim_buf_get_changedtick(buf) ~= tick
   end, 20)
   sleep(200) -- let the accept finish (cursor move, 0.12's scheduled apply)
-  result.after = table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), '\n')
+  result.after = e2e.text_of(buf)
   result.after_mode = vim.fn.mode()
   -- the server's counters after the accept (the plugin sent specls/accepted before this request)
-  local stats
-  client:request('specls/stats', {}, function(err, res)
-    stats = err and { error = tostring(err.message or err) } or res
-  end, buf)
-  wait_until(10000, function()
-    return stats ~= nil
-  end)
-  result.stats = stats
-  result.ok = true
-  finish()
+  e2e.finish_with_stats(client, buf)
 end
 
-co = coroutine.create(run)
-vim.schedule(resume)
 -- a hard stop so nothing hangs
-vim.defer_fn(function()
-  fail('global timeout')
-end, (tonumber(os.getenv('SPECLS_E2E_TIMEOUT_MS') or '') or 120000) + 90000)
+e2e.start(run, 120000, 90000)

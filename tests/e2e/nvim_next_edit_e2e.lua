@@ -7,86 +7,20 @@
 -- the key jumps to it and then applies it.
 -- Result: { ok, error?, version, shown (the edit as the server sent it), delete_hl, virt_lines, dismissed,
 -- jumped_to, before, after, stats, log }.
-local uv = vim.uv
-local t0 = uv.hrtime()
-local function ms()
-  return math.floor((uv.hrtime() - t0) / 1e6)
-end
-
-local result = { ok = false, log = {} }
-local function log(msg)
-  local line = string.format('%6d ms %s', ms(), msg)
-  table.insert(result.log, line)
-  io.stderr:write(line .. '\n')
-end
-
-local function finish()
-  local f = assert(io.open(os.getenv('SPECLS_E2E_RESULT'), 'w'))
-  f:write(vim.json.encode(result))
-  f:close()
-  for _, c in ipairs(vim.lsp.get_clients()) do
-    c:stop(true)
-  end
-  vim.cmd('qall!')
-end
-
-local co
-
-local function resume()
-  local ok, err = coroutine.resume(co)
-  if not ok then
-    result.error = 'lua error: ' .. debug.traceback(co, tostring(err))
-    finish()
-  end
-end
-
-local function sleep(n)
-  vim.defer_fn(resume, n)
-  coroutine.yield()
-end
-
-local function wait_until(timeout_ms, cond, step)
-  local stop = ms() + timeout_ms
-  while true do
-    local v = cond()
-    if v or ms() >= stop then
-      return v
-    end
-    sleep(step or 50)
-  end
-end
-
-local function feed(keys, mode)
-  vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(keys, true, false, true), mode, false)
-end
-
-local function fail(msg)
-  result.error = msg
-  log('FAIL: ' .. msg)
-  finish()
-end
-
-local function text_of(buf)
-  return table.concat(vim.api.nvim_buf_get_lines(buf, 0, -1, false), '\n')
-end
+local e2e = dofile(debug.getinfo(1, 'S').source:sub(2):match('^(.*[/\\])') .. 'nvim_driver.lua')
+local result, log, text_of = e2e.result, e2e.log, e2e.text_of
+local sleep, wait_until, feed, fail = e2e.sleep, e2e.wait_until, e2e.feed, e2e.fail
 
 local function run()
-  local v = vim.version()
-  result.version = string.format('%d.%d.%d', v.major, v.minor, v.patch)
-  vim.opt.runtimepath:prepend(assert(os.getenv('SPECLS_E2E_PLUGIN')))
-  local timeout = tonumber(os.getenv('SPECLS_E2E_TIMEOUT_MS') or '') or 60000
+  e2e.load_plugin()
+  local timeout = e2e.timeout_ms(60000)
   local next_edit = require('specls.next_edit')
   require('specls').setup({ cmd = vim.json.decode(assert(os.getenv('SPECLS_E2E_CMD'))), next_edit_debounce_ms = 100 })
 
-  vim.cmd.edit(vim.fn.fnameescape(assert(os.getenv('SPECLS_E2E_FILE'))))
-  local buf = vim.api.nvim_get_current_buf()
-  local client
-  local attached = wait_until(60000, function()
-    client = vim.lsp.get_clients({ bufnr = buf, name = 'specls' })[1]
-    return client ~= nil and client.initialized == true
-  end)
-  if not attached then
-    return fail('the specls client did not attach within 60 s')
+  local buf = e2e.open_file()
+  local client = e2e.attach(buf)
+  if not client then
+    return
   end
   log('attached; experimental capability: ' .. vim.inspect(client.server_capabilities.experimental))
   local ns = vim.api.nvim_get_namespaces()['specls.next_edit']
@@ -156,20 +90,7 @@ local function run()
   sleep(200)
   result.after = text_of(buf)
 
-  local stats
-  client:request('specls/stats', {}, function(err, res)
-    stats = err and { error = tostring(err.message or err) } or res
-  end, buf)
-  wait_until(10000, function()
-    return stats ~= nil
-  end)
-  result.stats = stats
-  result.ok = true
-  finish()
+  e2e.finish_with_stats(client, buf)
 end
 
-co = coroutine.create(run)
-vim.schedule(resume)
-vim.defer_fn(function()
-  fail('global timeout')
-end, (tonumber(os.getenv('SPECLS_E2E_TIMEOUT_MS') or '') or 60000) + 60000)
+e2e.start(run, 60000, 60000)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -16,16 +15,15 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import (
-    ARTIFACTS,
     REPO,
     Editors,
     clean_env,
+    editor_result,
     free_port,
-    keep_artifact,
-    listening,
-    load_result,
+    listening_server,
     run_bounded,
-    stop,
+    run_nvim_script,
+    vscode_env,
 )
 
 pytestmark = pytest.mark.e2e
@@ -33,44 +31,28 @@ pytestmark = pytest.mark.e2e
 FAKE_SERVER = REPO / "tests" / "lsp" / "fake_server.py"
 NVIM_SCRIPT = Path(__file__).with_name("nvim_next_edit_e2e.lua")
 VSCODE_DRIVER = Path(__file__).with_name("vscode_next_edit_e2e.js")
-PLUGIN = REPO / "editors" / "nvim"
 RULE = "3.14=>math.pi"
 SOURCE = "def area(r):\n    return 3.14 * r * r\n\n\ndef volume(r, h):\n    return 3.14 * r * r * h\n"
 TIMEOUT_S = 60
 
 
+# what the fake server needs: this checkout's tests importable, the scripted next edit
+FAKE_SERVER_ENV = {"PYTHONPATH": str(REPO), "SPECLS_FAKE_NEXT_EDIT": RULE}
+
+
 def fake_env(tmp: Path) -> dict[str, str]:
     env = clean_env(tmp)
-    env.update(PYTHONPATH=str(REPO), SPECLS_FAKE_NEXT_EDIT=RULE)
+    env.update(FAKE_SERVER_ENV)
     return env
 
 
 def run_nvim(nvim: Path, tmp: Path, name: str) -> dict[str, object]:
-    project = tmp / "project"
-    project.mkdir()
-    (project / ".git").mkdir()
-    source = project / "shapes.py"
-    source.write_text(SOURCE)
-    result_path = tmp / "result.json"
-    env = fake_env(tmp / "env")
-    env.update(
-        SPECLS_E2E_PLUGIN=str(PLUGIN),
-        SPECLS_E2E_FILE=str(source),
-        SPECLS_E2E_RESULT=str(result_path),
-        SPECLS_E2E_TIMEOUT_MS=str(TIMEOUT_S * 1000),
-        SPECLS_E2E_CMD=json.dumps([sys.executable, str(FAKE_SERVER)]),
-    )
-    started = time.monotonic()
-    rc, output = run_bounded(
-        [str(nvim), "--headless", "--clean", "-S", str(NVIM_SCRIPT)], env, timeout=TIMEOUT_S + 90, cwd=project
-    )
-    result = load_result(result_path, output)
-    print(f"[{name}] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log")))
-    keep_artifact(tmp / "env" / "state" / "nvim" / "lsp.log", f"{name}-lsp.log")
-    assert result.get("ok"), (
-        f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
-    )
-    return result
+    env = {
+        **FAKE_SERVER_ENV,
+        "SPECLS_E2E_TIMEOUT_MS": str(TIMEOUT_S * 1000),
+        "SPECLS_E2E_CMD": json.dumps([sys.executable, str(FAKE_SERVER)]),
+    }
+    return run_nvim_script(nvim, NVIM_SCRIPT, tmp, name, ("shapes.py", SOURCE), env, timeout_s=TIMEOUT_S + 90)
 
 
 def check_nvim(result: dict[str, object]) -> None:
@@ -111,24 +93,10 @@ def fake_tcp_server(tmp_path: Path) -> Iterator[int]:
     """The fake server's TCP listener: the editor connects as a team client would, and the test reads
     the server's counters over a second connection."""
     port = free_port()
-    log = tmp_path / "fake-tcp.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(FAKE_SERVER), "--tcp", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=fake_env(tmp_path / "server-env"),
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while not listening(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the fake server did not listen on {port}:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+    cmd = [sys.executable, str(FAKE_SERVER), "--tcp", str(port)]
+    env = fake_env(tmp_path / "server-env")
+    with listening_server("the fake server", cmd, env, port, tmp_path / "fake-tcp.log", 60):
         yield port
-    finally:
-        stop(proc)
 
 
 def server_stats(port: int) -> dict[str, object]:
@@ -144,29 +112,18 @@ def test_vscode_next_edit(editors: Editors, fake_tcp_server: int, tmp_path: Path
     source = workspace / "shapes.py"
     source.write_text(SOURCE)
     result_path = tmp_path / "result.json"
-    env = clean_env(tmp_path / "env")
-    env.update(
-        NODE_PATH=str(editors.node_path),
-        CODE_SERVER=str(editors.code_server),
-        CHROMIUM=str(editors.chromium),
-        VSIX=str(editors.vsix),
-        E2E_WORKSPACE=str(workspace),
-        E2E_FILE=source.name,
+    env = vscode_env(
+        editors,
+        tmp_path,
+        workspace,
+        source.name,
+        result_path,
         E2E_TEAM_SERVER=f"127.0.0.1:{fake_tcp_server}",
-        E2E_RUN_DIR=str(tmp_path / "run"),
-        E2E_ARTIFACTS=str(ARTIFACTS),
-        E2E_RESULT=str(result_path),
         E2E_TIMEOUT_MS=str(TIMEOUT_S * 1000),
     )
     started = time.monotonic()
     rc, output = run_bounded([str(editors.node), str(VSCODE_DRIVER)], env, timeout=TIMEOUT_S + 180)
-    result = load_result(result_path, output)
-    print(
-        f"[vscode-next-edit] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log"))
-    )
-    assert result.get("ok"), (
-        f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
-    )
+    result = editor_result("vscode-next-edit", rc, started, result_path, output)
     # shown: the removed text struck through, the new text after it
     assert result["removed"] == "3.14", result
     assert "math.pi" in str(result["added"]), result

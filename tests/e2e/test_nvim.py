@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -16,20 +15,15 @@ from tests.e2e.conftest import (
     HUB_MODEL,
     PY_SOURCE,
     PY_TYPED,
-    REPO,
     Editors,
     TcpServer,
-    clean_env,
     hub_env,
-    keep_artifact,
-    load_result,
-    run_bounded,
+    run_nvim_script,
 )
 
 pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).with_name("nvim_e2e.lua")
-PLUGIN = REPO / "editors" / "nvim"
 
 
 def run_nvim(
@@ -40,36 +34,14 @@ def run_nvim(
     tcp: str = "",
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, object]:
-    project = tmp / "project"
-    project.mkdir()
-    (project / ".git").mkdir()  # a root marker, as in a real checkout
-    source = project / "stack.py"
-    source.write_text(PY_SOURCE + PY_TYPED)
-    result_path = tmp / "result.json"
-    env = clean_env(tmp / "env")
-    env.update(
-        SPECLS_E2E_PLUGIN=str(PLUGIN),
-        SPECLS_E2E_FILE=str(source),
-        SPECLS_E2E_RESULT=str(result_path),
-        SPECLS_E2E_TIMEOUT_MS=str(int(GHOST_TIMEOUT_S * 1000)),
-        SPECLS_E2E_CMD=json.dumps(cmd or []),
-        SPECLS_E2E_TCP=tcp,
-    )
-    env.update(extra_env or {})
-    started = time.monotonic()
-    rc, output = run_bounded(
-        [str(nvim), "--headless", "--clean", "-S", str(SCRIPT)],
-        env,
-        timeout=GHOST_TIMEOUT_S + 120,
-        cwd=project,
-    )
-    result = load_result(result_path, output)
-    print(f"[{name}] rc={rc} wall={time.monotonic() - started:.1f}s " + json.dumps(result.get("log")))
-    keep_artifact(tmp / "env" / "state" / "nvim" / "lsp.log", f"{name}-lsp.log")
-    assert result.get("ok"), (
-        f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
-    )
-    return result
+    env = {
+        "SPECLS_E2E_TIMEOUT_MS": str(int(GHOST_TIMEOUT_S * 1000)),
+        "SPECLS_E2E_CMD": json.dumps(cmd or []),
+        "SPECLS_E2E_TCP": tcp,
+        **(extra_env or {}),
+    }
+    source = ("stack.py", PY_SOURCE + PY_TYPED)
+    return run_nvim_script(nvim, SCRIPT, tmp, name, source, env, timeout_s=GHOST_TIMEOUT_S + 120)
 
 
 def check_accept(result: dict[str, object], min_version: tuple[int, int], native: bool) -> None:

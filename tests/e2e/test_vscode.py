@@ -19,10 +19,11 @@ from tests.e2e.conftest import (
     PY_TYPED,
     Editors,
     TcpServer,
-    clean_env,
+    editor_result,
     hub_env,
     load_result,
     run_bounded,
+    vscode_env,
 )
 
 pytestmark = pytest.mark.e2e
@@ -51,20 +52,15 @@ def test_vscode_ghost_text_and_tab(
     source.write_text(PY_SOURCE)
     (workspace / "notes.txt").write_text("plain text: no completions here\n")
     result_path = tmp_path / "result.json"
-    env = clean_env(tmp_path / "env")
-    env.update(
-        NODE_PATH=str(editors.node_path),
-        CODE_SERVER=str(editors.code_server),
-        CHROMIUM=str(editors.chromium),
-        VSIX=str(editors.vsix),
+    env = vscode_env(
+        editors,
+        tmp_path,
+        workspace,
+        source.name,
+        result_path,
         SPECLS_BIN=str(specls_bin),
         E2E_OTHER_FILE="notes.txt",
-        E2E_WORKSPACE=str(workspace),
-        E2E_FILE=source.name,
         E2E_TYPE=PY_TYPED,
-        E2E_RUN_DIR=str(tmp_path / "run"),
-        E2E_ARTIFACTS=str(ARTIFACTS),
-        E2E_RESULT=str(result_path),
         E2E_TIMEOUT_MS=str(int(GHOST_TIMEOUT_S * 1000)),
         E2E_TEAM_SERVER=team_server,
         E2E_TAG=f"vscode-{transport}",
@@ -73,14 +69,7 @@ def test_vscode_ghost_text_and_tab(
         env.update(hub_env(request.getfixturevalue("model_hub"), tmp_path), E2E_MODEL=HUB_MODEL)
     started = time.monotonic()
     rc, output = run_bounded([str(editors.node), str(DRIVER)], env, timeout=GHOST_TIMEOUT_S + 180)
-    result = load_result(result_path, output)
-    print(
-        f"[vscode-{transport}] rc={rc} wall={time.monotonic() - started:.1f}s "
-        + json.dumps(result.get("log"))
-    )
-    assert result.get("ok"), (
-        f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}\n{output[-3000:]}"
-    )
+    result = editor_result(f"vscode-{transport}", rc, started, result_path, output)
 
     assert Path(str(result["screenshot"])).is_file()
     if transport == "by-name":
@@ -126,19 +115,14 @@ def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None
     workspace.mkdir()
     (workspace / "stack.py").write_text(PY_SOURCE)
     result_path = tmp_path / "result.json"
-    env = clean_env(tmp_path / "env")
-    env.update(
-        NODE_PATH=str(editors.node_path),
-        CODE_SERVER=str(editors.code_server),
-        CHROMIUM=str(editors.chromium),
-        VSIX=str(editors.vsix),
+    env = vscode_env(
+        editors,
+        tmp_path,
+        workspace,
+        "stack.py",
+        result_path,
         SPECLS_BIN=str(tmp_path / "no-such-dir" / "specls"),
-        E2E_WORKSPACE=str(workspace),
-        E2E_FILE="stack.py",
         E2E_TYPE=PY_TYPED,
-        E2E_RUN_DIR=str(tmp_path / "run"),
-        E2E_ARTIFACTS=str(ARTIFACTS),
-        E2E_RESULT=str(result_path),
         E2E_TIMEOUT_MS="60000",
         E2E_EXPECT_ERROR="1",
         E2E_TAG="vscode-missing-server",

@@ -9,99 +9,38 @@
 // E2E_OTHER_FILE (a file in a language that is not enabled: expect the disabled status there), E2E_MODEL
 // (specls.model; the status bar texts seen until ready are in result.status_seen).
 'use strict';
-const { chromium } = require('playwright-core');
-const { spawn, execFileSync } = require('child_process');
 const fs = require('fs');
-const net = require('net');
 const path = require('path');
+const {
+    QUIET_SETTINGS,
+    env,
+    findFiles,
+    launchBrowser,
+    log,
+    openFile,
+    openWorkbench,
+    prepareCodeServer,
+    result,
+    runDriver,
+    saveAndRead,
+    sleep,
+    startCodeServer,
+    stopCodeServer,
+    t0,
+    waitCodeServer,
+} = require('./vscode_driver');
 
-const env = (k) => {
-    const v = process.env[k];
-    if (!v) throw new Error(`missing environment variable ${k}`);
-    return v;
-};
-const t0 = Date.now();
-const result = { ok: false, log: [] };
-const log = (m) => {
-    const line = `${String(Date.now() - t0).padStart(6)} ms ${m}`;
-    result.log.push(line);
-    process.stderr.write(line + '\n');
-};
 const tag = process.env.E2E_TAG || 'vscode';
-const sleep = (n) => new Promise((r) => setTimeout(r, n));
-
-function freePort() {
-    return new Promise((resolve, reject) => {
-        const s = net.createServer();
-        s.listen(0, '127.0.0.1', () => {
-            const port = s.address().port;
-            s.close(() => resolve(port));
-        });
-        s.on('error', reject);
-    });
-}
-
-function findFiles(dir, pattern) {
-    const out = [];
-    let entries = [];
-    try {
-        entries = fs.readdirSync(dir, { withFileTypes: true });
-    } catch {
-        return out;
-    }
-    for (const e of entries) {
-        const p = path.join(dir, e.name);
-        if (e.isDirectory()) out.push(...findFiles(p, pattern));
-        else if (pattern.test(e.name)) out.push(p);
-    }
-    return out;
-}
 
 async function main() {
-    const runDir = env('E2E_RUN_DIR');
     const artifacts = env('E2E_ARTIFACTS');
     const workspace = env('E2E_WORKSPACE');
     const file = path.join(workspace, env('E2E_FILE'));
     const typed = env('E2E_TYPE');
     const timeout = Number(process.env.E2E_TIMEOUT_MS || 120000);
-    fs.mkdirSync(artifacts, { recursive: true });
 
-    // Fresh HOME / XDG / user data for this run: nothing restored from an earlier one.
-    const dirs = {};
-    for (const d of ['home', 'config', 'data', 'cache', 'state', 'user-data', 'extensions']) {
-        dirs[d] = path.join(runDir, d);
-        fs.mkdirSync(dirs[d], { recursive: true });
-    }
-    const childEnv = {
-        ...process.env,
-        HOME: dirs.home,
-        XDG_CONFIG_HOME: dirs.config,
-        XDG_DATA_HOME: dirs.data,
-        XDG_CACHE_HOME: dirs.cache,
-        XDG_STATE_HOME: dirs.state,
-        // code-server's launcher is `#!/usr/bin/env node`: it needs this Node (24) first on PATH
-        PATH: `${path.dirname(process.execPath)}${path.delimiter}${process.env.PATH}`,
-    };
-    const cs = env('CODE_SERVER');
-    const common = ['--user-data-dir', dirs['user-data'], '--extensions-dir', dirs.extensions];
-
-    let t = Date.now();
-    let out;
-    try {
-        out = execFileSync(cs, [...common, '--install-extension', env('VSIX')], {
-            env: childEnv,
-            encoding: 'utf8',
-            stdio: ['ignore', 'pipe', 'pipe'],
-            timeout: 120000,
-        });
-    } catch (e) {
-        throw new Error(`code-server --install-extension failed: ${String(e.stderr || e).slice(-2000)}`);
-    }
-    log(`installed the vsix in ${Date.now() - t} ms: ${out.trim().split('\n').pop()}`);
-    result.install_ms = Date.now() - t;
-
-    fs.mkdirSync(path.join(dirs['user-data'], 'User'), { recursive: true });
-    const settings = {
+    const prepared = prepareCodeServer({
+        ...QUIET_SETTINGS,
         'specls.serverPath': env('SPECLS_BIN'),
         // a team server over TCP instead of a local one over stdio
         'specls.teamServer': process.env.E2E_TEAM_SERVER || '',
@@ -114,91 +53,23 @@ async function main() {
         'specls.multiline': 'auto',
         'specls.trace.server': process.env.E2E_LOG_TRACE ? 'verbose' : 'off',
         'editor.inlineSuggest.enabled': true,
-        // keep the other completion UIs out of the way of Tab
-        'editor.quickSuggestions': { other: 'off', comments: 'off', strings: 'off' },
-        'editor.suggestOnTriggerCharacters': false,
-        'editor.wordBasedSuggestions': 'off',
-        'editor.tabCompletion': 'off',
         'editor.autoClosingBrackets': 'never',
         'editor.autoClosingQuotes': 'never',
-        'editor.autoIndent': 'none',
-        'files.autoSave': 'off',
-        'workbench.startupEditor': 'none',
-        'workbench.tips.enabled': false,
-        'workbench.enableExperiments': false,
-        'security.workspace.trust.enabled': false,
-        'extensions.autoUpdate': false,
-        'extensions.autoCheckUpdates': false,
-        'extensions.ignoreRecommendations': true,
-        'telemetry.telemetryLevel': 'off',
-        'update.mode': 'none',
-        'chat.disableAIFeatures': true,
-        'workbench.secondarySideBar.defaultVisibility': 'hidden',
-    };
-    fs.writeFileSync(path.join(dirs['user-data'], 'User', 'settings.json'), JSON.stringify(settings, null, 2));
-    const configFile = path.join(runDir, 'code-server.yaml');
-    fs.writeFileSync(configFile, 'auth: none\ncert: false\n');
-
-    const port = await freePort();
-    t = Date.now();
-    const server = spawn(
-        cs,
-        [
-            '--auth', 'none',
-            '--bind-addr', `127.0.0.1:${port}`,
-            '--disable-telemetry',
-            ...(process.env.E2E_LOG_TRACE ? ['--log', 'trace'] : []),
-            '--disable-update-check',
-            '--disable-workspace-trust',
-            '--disable-getting-started-override',
-            '--config', configFile,
-            ...common,
-            workspace,
-        ],
-        { env: childEnv, stdio: ['ignore', 'pipe', 'pipe'], detached: true },
+    });
+    const { dirs } = prepared;
+    const { server, port } = await startCodeServer(
+        prepared,
+        workspace,
+        tag,
+        process.env.E2E_LOG_TRACE ? ['--log', 'trace'] : [],
     );
-    const serverLog = fs.createWriteStream(path.join(artifacts, `${tag}-code-server.log`));
-    server.stdout.pipe(serverLog);
-    server.stderr.pipe(serverLog);
     let browser;
     let page;
     try {
-        // code-server is up when it answers HTTP.
-        let up = false;
-        for (let i = 0; i < 600 && !up; i++) {
-            try {
-                const r = await fetch(`http://127.0.0.1:${port}/healthz`);
-                up = r.ok;
-            } catch {
-                await sleep(100);
-            }
-        }
-        if (!up) throw new Error('code-server did not answer within 60 s');
-        log(`code-server up on ${port} in ${Date.now() - t} ms`);
-
-        browser = await chromium.launch({
-            executablePath: env('CHROMIUM'),
-            headless: true,
-            args: [
-                '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-                '--disable-background-networking', '--disable-component-update', '--disable-sync',
-            ],
-        });
-        page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
-        page.on('pageerror', (e) => log(`page error: ${e.message}`));
-        await page.goto(`http://127.0.0.1:${port}/?folder=${encodeURIComponent(workspace)}`);
-        await page.locator('.monaco-workbench').waitFor({ timeout: 60000 });
-        log('workbench visible');
-
-        // Open the file from the Explorer tree (Ctrl+P races the file index).
-        const row = page.locator('.explorer-folders-view .monaco-list-row', { hasText: env('E2E_FILE') }).first();
-        await row.waitFor({ timeout: 30000 });
-        await row.click();
-        const editor = page.locator('.editor-instance .monaco-editor').first();
-        await editor.waitFor({ timeout: 30000 });
-        await page.locator(`.tab.active[data-resource-name="${env('E2E_FILE')}"]`).waitFor({ timeout: 30000 }).catch(() => {});
-        await editor.locator('.view-lines').click();
-        log('editor open');
+        await waitCodeServer(port);
+        browser = await launchBrowser();
+        page = await openWorkbench(browser, port, workspace);
+        await openFile(page, env('E2E_FILE'));
 
         // Wait for the extension: its status bar item leaves the loading state (or at least exists).
         // Wait for the extension: its status bar item shows plain "specls" (the ready icon) once the
@@ -278,12 +149,7 @@ async function main() {
         const before = fs.readFileSync(file, 'utf8');
         await page.keyboard.press('Tab');
         await sleep(300);
-        await page.keyboard.press('Control+S');
-        let after = before;
-        for (let i = 0; i < 100 && after === before; i++) {
-            await sleep(100);
-            after = fs.readFileSync(file, 'utf8');
-        }
+        const after = await saveAndRead(page, file, before);
         result.before = before;
         result.after = after;
         const shotAfter = path.join(artifacts, `${tag}-accepted.png`);
@@ -338,13 +204,7 @@ async function main() {
         throw e;
     } finally {
         if (browser) await browser.close().catch(() => {});
-        try {
-            process.kill(-server.pid, 'SIGTERM');
-        } catch {}
-        await sleep(500);
-        try {
-            process.kill(-server.pid, 'SIGKILL');
-        } catch {}
+        await stopCodeServer(server);
         // the extension's log (output channel) and the extension host's (written out by now)
         for (const f of findFiles(path.join(dirs['user-data'], 'logs'), /(specls|exthost)\.log$/)) {
             fs.copyFileSync(f, path.join(artifacts, `${tag}-${path.basename(f)}`));
@@ -352,12 +212,4 @@ async function main() {
     }
 }
 
-main()
-    .catch((e) => {
-        result.error = String(e && e.stack ? e.stack : e);
-        log(`FAIL: ${result.error}`);
-    })
-    .finally(() => {
-        fs.writeFileSync(env('E2E_RESULT'), JSON.stringify(result, null, 2));
-        process.exit(0);
-    });
+runDriver(main);
