@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
+from lsprotocol.types import Position, Range
 from specls.lsp.edit_history import EditHistory, Hunk, uri_to_path
 
 from specls.next_edit.edit_diff import EditDiff
@@ -14,20 +13,8 @@ OTHER = "file:///w/pkg/b.py"
 TEXT = "def f(a, b):\n    return a + b\n\n\ndef g(a, b):\n    return a * b\n"
 
 
-@dataclass(frozen=True)
-class Pos:
-    line: int
-    character: int
-
-
-@dataclass(frozen=True)
-class Rng:
-    start: Pos
-    end: Pos
-
-
-def rng(l1: int, c1: int, l2: int | None = None, c2: int | None = None) -> Rng:
-    return Rng(Pos(l1, c1), Pos(l1 if l2 is None else l2, c1 if c2 is None else c2))
+def rng(l1: int, c1: int, l2: int | None = None, c2: int | None = None) -> Range:
+    return Range(Position(l1, c1), Position(l1 if l2 is None else l2, c1 if c2 is None else c2))
 
 
 def history(max_hunks: int = 16, max_chars: int = 4000) -> EditHistory:

@@ -3,9 +3,8 @@ region -> prompt -> output -> rewritten region -> minimal edits, an undo of the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
+from lsprotocol.types import Position, Range
 from specls.lsp.edit_history import EditHistory
 
 from specls.next_edit.edits import (
@@ -22,26 +21,14 @@ URI = "file:///w/app.py"
 TEXT = "def area(w, h):\n    return w * h\n\n\ndef volume(w, h, d):\n    return w * h * d\n"
 
 
-@dataclass(frozen=True)
-class Pos:
-    line: int
-    character: int
-
-
-@dataclass(frozen=True)
-class Rng:
-    start: Pos
-    end: Pos
-
-
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_a_rename_repeated_on_the_next_function(name: str) -> None:
     history = EditHistory()
     history.open(URI, TEXT)
     # the user renames w -> width in area's signature, key by key
-    history.change(URI, "", Rng(Pos(0, 9), Pos(0, 10)), now=1)
+    history.change(URI, "", Range(Position(0, 9), Position(0, 10)), now=1)
     for i, ch in enumerate("width"):
-        history.change(URI, ch, Rng(Pos(0, 9 + i), Pos(0, 9 + i)), now=2 + i)
+        history.change(URI, ch, Range(Position(0, 9 + i), Position(0, 9 + i)), now=2 + i)
     text = history.text(URI)
     assert text is not None and text.startswith("def area(width, h):\n")
     region = select_region(text, cursor_line=0, before=1, after=5)
