@@ -40,7 +40,8 @@ def req(doc: str, prefix: str = "x = ", max_tokens: int = 4) -> CompletionReques
     return CompletionRequest(doc_id=doc, prefix=prefix, suffix="", max_tokens=max_tokens)
 
 
-def in_thread(fn: Callable[[], CompletionResult]) -> tuple[threading.Thread, dict[str, object]]:
+def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, object]]:
+    """``fn`` on a daemon thread; its result (or the error it raised) lands in the box."""
     box: dict[str, object] = {}
 
     def run() -> None:

@@ -4,8 +4,7 @@ completion; a completion of the same client preempts its queued or running next 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,7 +13,7 @@ from specls.team.metrics import Metrics
 from specls.team.scheduler import FairScheduler, SchedulerSettings
 from specls.team.service import TeamMetricsObserver
 from tests.team.engines import EditGateEngine
-from tests.team.test_scheduler import Recorder, req, wait_until
+from tests.team.test_scheduler import Recorder, in_thread, req, wait_until
 
 URI = "file:///w/app.py"
 TEXT = "x = 1\ny = 2\n"
@@ -24,15 +23,10 @@ def edit_req(doc: str = URI) -> NextEditRequest:
     return NextEditRequest(doc, TEXT, 0, 0, context_docs=(("file:///w/other.py", "z = 3\n"),))
 
 
-def in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, dict[str, object]]:
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        box["result"] = fn()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, box
+def observed_scheduler(engine: EditGateEngine) -> tuple[FairScheduler, Recorder, Metrics]:
+    """A scheduler whose events go to a Recorder and to the team's metrics."""
+    rec, metrics = Recorder(), Metrics()
+    return FairScheduler(engine, observers=(rec, TeamMetricsObserver(metrics, None))), rec, metrics
 
 
 @pytest.fixture
@@ -44,9 +38,7 @@ def engine() -> Iterator[EditGateEngine]:
 
 
 def test_next_edit_goes_through_the_session(engine: EditGateEngine) -> None:
-    rec = Recorder()
-    metrics = Metrics()
-    sched = FairScheduler(engine, observers=(rec, TeamMetricsObserver(metrics, None)))
+    sched, rec, metrics = observed_scheduler(engine)
     try:
         s = sched.session("alice")
         engine.gate.set()
@@ -70,9 +62,7 @@ def test_next_edit_goes_through_the_session(engine: EditGateEngine) -> None:
 
 
 def test_completion_preempts_the_running_next_edit_of_its_client(engine: EditGateEngine) -> None:
-    rec = Recorder()
-    metrics = Metrics()
-    sched = FairScheduler(engine, observers=(rec, TeamMetricsObserver(metrics, None)))
+    sched, rec, metrics = observed_scheduler(engine)
     try:
         s = sched.session("alice")
         te, be = in_thread(lambda: s.next_edit(edit_req()))
