@@ -297,42 +297,45 @@ def _load_and_trace(
     fusions: str | None,
     progress: Progress,
 ) -> _Traced:
-    """Load the torch model, keep its reference logits, trace it into ``out_dir`` and free it. The
-    model is a local of this frame only, so ``del model`` frees it before ONNX Runtime loads.
+    """Load the torch model, keep its reference logits, trace it into ``out_dir`` and free it
+    (``_reference_and_trace``, whose local it is: ``del model`` frees it before ONNX Runtime loads).
 
     With ``low_memory`` and a GGUF source (fp32) the weights stay in a scratch file the model maps
     (``models.gguf.load_gguf_model_mapped``), packed initializers are spilled beside it while tracing,
     and a ``PageEvictor`` drops their pages as they are read: the same model and graph, resident
     memory near one layer's weights plus what the exporter itself holds."""
-    from specls.models.mapped_weights import PageEvictor, spill_large_initializers
-
     out_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         scratch: Path | None = None
         if options.low_memory and ckpt.gguf is not None and options.dtype == "fp32":
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=out_dir, prefix=".weights-")))
-        model, spec, head_ids, weights = _load_model(ckpt, tokenizer, source, options, scratch)
-        if scratch is not None:
-            # left before the scratch dir goes: it keeps the maps it drops alive until then
-            evictor = stack.enter_context(PageEvictor(arrays=weights))
-            stack.enter_context(spill_large_initializers(scratch, evictor))
-        del weights
-        return _reference_and_trace(model, spec, head_ids, ckpt, out_dir, options, fusions, progress)
+        return _reference_and_trace(
+            ckpt, tokenizer, source, out_dir, options, fusions, progress, scratch, stack
+        )
 
 
 def _reference_and_trace(
-    model: Any,
-    spec: ModelSpec,
-    head_ids: np.ndarray | None,
     ckpt: ModelSource,
+    tokenizer: Tokenizer,
+    source: str,
     out_dir: Path,
     options: ExportOptions,
     fusions: str | None,
     progress: Progress,
+    scratch: Path | None,
+    stack: contextlib.ExitStack,
 ) -> _Traced:
-    """The reference logits, then the trace into ``out_dir``; frees the model before returning."""
+    """Load the model (mapped from ``scratch`` when given: its page evictor and the spilling of packed
+    initializers go on ``stack``, left before ``scratch`` goes), compute the reference logits, trace;
+    the model is a local of this frame only."""
     import torch
+    from specls.models.mapped_weights import PageEvictor, spill_large_initializers
 
+    model, spec, head_ids, weights = _load_model(ckpt, tokenizer, source, options, scratch)
+    if scratch is not None:  # the evictor keeps the maps it drops alive until it is left
+        evictor = stack.enter_context(PageEvictor(arrays=weights))
+        stack.enter_context(spill_large_initializers(scratch, evictor))
+    del weights
     n_params = sum(p.numel() for p in model.parameters())
     reference = torch_reference(model, spec) if options.verify else None
     _log_memory("torch model loaded")
