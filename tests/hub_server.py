@@ -119,6 +119,16 @@ class HubServer:
         return repo.commit if rev == repo.commit else None
 
 
+def send_json(handler: BaseHTTPRequestHandler, data: Any) -> None:
+    """``data`` as a 200 JSON answer (a test server's reply)."""
+    body = json.dumps(data).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _HubHandler(BaseHTTPRequestHandler):
     """Answers one connection's requests from ``hub`` (set on the subclass _handler_for makes)."""
 
@@ -157,12 +167,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _json(self, data: Any) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, data)
 
     def _serve(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)

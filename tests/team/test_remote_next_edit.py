@@ -12,17 +12,10 @@ from typing import Any
 
 import pytest
 
-from specls.api import NextEditRequest
-from specls.next_edit.edit_diff import diffs_between
 from specls.next_edit.edits import apply_edits
-from specls.next_edit.layouts import get_layout
-from specls.next_edit.request_prompt import render_edit
-from specls.next_edit.settings import NextEditSettings
 from specls.team.remote import RemoteEngine, RemoteSettings
-
-BEFORE = "def area(w, h):\n    return w * h\n\n\ndef volume(w, h, d):\n    return w * h * d\n"
-AFTER = BEFORE.replace("area(w, h)", "area(width, h)")
-NEXT = AFTER.replace("return w * h\n", "return width * h\n", 1)
+from tests.hub_server import send_json
+from tests.team.rename_case import AFTER, BEFORE, NEXT, rename_request, sweep_prompt
 
 
 class Backend:
@@ -39,20 +32,12 @@ class Backend:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-            def _send(self, obj: object) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
             def do_GET(self) -> None:  # noqa: N802
-                self._send({"object": "list", "data": [{"id": backend.model}]})
+                send_json(self, {"object": "list", "data": [{"id": backend.model}]})
 
             def do_POST(self) -> None:  # noqa: N802
                 backend.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self._send({"choices": [{"text": backend.text, "finish_reason": backend.finish}]})
+                send_json(self, {"choices": [{"text": backend.text, "finish_reason": backend.finish}]})
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -72,11 +57,8 @@ def backend() -> Iterator[Backend]:
 def test_the_edit_prompt_is_sent_as_a_completion(backend: Backend) -> None:
     engine = RemoteEngine(RemoteSettings(backend.url, stream=False))
     engine.load()
-    request = NextEditRequest(
-        "file:///w/app.py", AFTER, 1, 4, tuple(diffs_between("/w/app.py", BEFORE, AFTER))
-    )
-    layout = get_layout("sweep")  # the served model's name says which
-    rendered = render_edit(request, layout, NextEditSettings())
+    request = rename_request()
+    layout, rendered = sweep_prompt(request)  # the served model's name says which
     backend.text = NEXT  # the server leaves out the stop string it ended at
     result = engine.next_edit(request)
     (body,) = backend.bodies

@@ -11,19 +11,12 @@ from collections.abc import Iterator
 import pytest
 from specls.decoder.api import CancelCheck, never_cancelled
 
-from specls.api import CompletionRequest, CompletionResult, NextEditRequest
-from specls.next_edit.edit_diff import diffs_between
+from specls.api import CompletionRequest, CompletionResult
 from specls.next_edit.edits import apply_edits
-from specls.next_edit.layouts import get_layout
-from specls.next_edit.request_prompt import render_edit
-from specls.next_edit.settings import NextEditSettings
 from specls.team.fake import FakeEngine, FakeEngineSettings
 from specls.team.remote import RemoteEngine, RemoteSettings
 from specls.team.serve_engine import EngineHTTPServer, ServeEngineSettings
-
-BEFORE = "def area(w, h):\n    return w * h\n\n\ndef volume(w, h, d):\n    return w * h * d\n"
-AFTER = BEFORE.replace("area(w, h)", "area(width, h)")
-NEXT = AFTER.replace("return w * h\n", "return width * h\n", 1)
+from tests.team.rename_case import AFTER, NEXT, rename_request, sweep_prompt
 
 
 class RawEngine(FakeEngine):
@@ -107,11 +100,8 @@ def test_remote_next_edit_through_serve_engine(
     server, engine = served
     remote = RemoteEngine(RemoteSettings(server.url, stream=stream))
     remote.load()
-    request = NextEditRequest(
-        "file:///w/app.py", AFTER, 1, 4, tuple(diffs_between("/w/app.py", BEFORE, AFTER))
-    )
-    layout = get_layout("sweep")  # the served model's name says which
-    rendered = render_edit(request, layout, NextEditSettings())
+    request = rename_request()
+    layout, rendered = sweep_prompt(request)  # the served model's name says which
     new_region = rendered.region_text.replace("return w * h\n", "return width * h\n", 1)
     engine.answer = layout.output_of(new_region) + "\ndef more(): ..."  # ends at its end marker
     result = remote.next_edit(request)
