@@ -4,7 +4,6 @@ an unchanged region goes in long passes where the verify costs allow them."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from specls.decoder.api import DecodeSettings
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
@@ -14,7 +13,7 @@ from specls.decoder.policy import PassCosts
 from specls.decoder.region_drafter import RegionDrafter
 
 from tests.decoder.fakes import FakeLM, FakeLMConfig
-from tests.decoder.test_region_drafter import TinyCache, TinyLM, _mutate
+from tests.decoder.test_region_drafter import TinyCache, TinyLM, _mutate, random_case
 
 CHEAP = PassCosts(verify=tuple(1.0 + 0.01 * g for g in range(65)), step=0.3, catchup=0.01)
 LONG = DecodeSettings(max_new_tokens=160, draft_length=48)
@@ -22,11 +21,8 @@ LONG = DecodeSettings(max_new_tokens=160, draft_length=48)
 
 @pytest.mark.parametrize("seed", range(6))
 def test_output_is_plain_greedy_with_region_lookup_and_draft_model(seed: int) -> None:
-    rng = np.random.default_rng(seed)
     vocab = 24
-    lm = TinyLM(vocab, seed)
-    prompt = [int(t) for t in rng.integers(0, vocab, size=12)]
-    plain = lm.greedy(prompt, LONG.max_new_tokens)
+    rng, lm, prompt, plain = random_case(seed, vocab, 12, LONG.max_new_tokens)
     draft = FakeLM(FakeLMConfig(vocab=vocab, window=2, seed=seed + 50))
     for region in ([int(t) for t in rng.integers(0, vocab, size=60)], _mutate(plain, rng, vocab, 5), []):
         drafter = PlannedDrafter(
@@ -85,10 +81,7 @@ def test_after_a_region_proposal_accepted_whole_the_next_is_priced_by_the_hot_ta
 
 @pytest.mark.parametrize("seed", range(4))
 def test_an_edited_region_with_the_hot_table_is_still_plain_greedy(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    lm = TinyLM(24, seed)
-    prompt = [int(t) for t in rng.integers(0, 24, size=10)]
-    plain = lm.greedy(prompt, LONG.max_new_tokens)
+    rng, lm, prompt, plain = random_case(seed, 24, 10, LONG.max_new_tokens)
     state = PolicyState(costs=CHEAP)
     for _ in range(2):  # the second request starts from what the first taught both tables
         drafter = PlannedDrafter(

@@ -138,6 +138,17 @@ def _long(max_new_tokens: int, k: int) -> DecodeSettings:
 LONG = _long(120, 48)
 
 
+def random_case(
+    seed: int, vocab: int, prompt_len: int, n: int
+) -> tuple[np.random.Generator, TinyLM, list[int], list[int]]:
+    """A seeded TinyLM, a random prompt of ``prompt_len`` tokens and its ``n`` tokens of plain greedy
+    output; the generator that drew the prompt goes on for the test's own draws."""
+    rng = np.random.default_rng(seed)
+    lm = TinyLM(vocab, seed)
+    prompt = [int(t) for t in rng.integers(0, vocab, size=prompt_len)]
+    return rng, lm, prompt, lm.greedy(prompt, n)
+
+
 def _mutate(tokens: list[int], rng: np.random.Generator, vocab: int, n_edits: int) -> list[int]:
     """The tokens with a few substitutions, insertions and deletions."""
     out = list(tokens)
@@ -155,11 +166,8 @@ def _mutate(tokens: list[int], rng: np.random.Generator, vocab: int, n_edits: in
 
 @pytest.mark.parametrize("seed", range(12))
 def test_output_is_plain_greedy_whatever_the_region(seed: int) -> None:
-    rng = np.random.default_rng(seed)
     vocab = 24
-    lm = TinyLM(vocab, seed)
-    prompt = [int(t) for t in rng.integers(0, vocab, size=12)]
-    plain = lm.greedy(prompt, LONG.max_new_tokens)
+    rng, lm, prompt, plain = random_case(seed, vocab, 12, LONG.max_new_tokens)
     regions = [
         [int(t) for t in rng.integers(0, vocab, size=80)],  # unrelated
         _mutate(plain, rng, vocab, 4),  # the output with a few edits
