@@ -264,11 +264,17 @@ def run_nvim_script(
     return editor_result(name, rc, started, result_path, output)
 
 
-def vscode_env(
-    editors: Editors, tmp: Path, workspace: Path, file: str, result_path: Path, **e2e: str
-) -> dict[str, str]:
-    """A clean environment for one VS Code driver run on ``file`` in ``workspace`` (its run files under
-    ``tmp``); ``e2e`` adds the driver's own E2E_* settings."""
+def run_vscode_driver(
+    editors: Editors, driver: Path, tmp: Path, name: str, files: dict[str, str], timeout_s: float, **e2e: str
+) -> dict[str, object]:
+    """``driver`` (Node) with a clean environment on a fresh workspace under ``tmp`` holding ``files``
+    (name -> text; the first is E2E_FILE); ``e2e`` adds the driver's own E2E_* settings. The driver gets
+    ``timeout_s``. Returns the result it wrote (it must say ok)."""
+    workspace = tmp / "workspace"
+    workspace.mkdir()
+    for file_name, text in files.items():
+        (workspace / file_name).write_text(text)
+    result_path = tmp / "result.json"
     env = clean_env(tmp / "env")
     env.update(
         NODE_PATH=str(editors.node_path),
@@ -276,13 +282,15 @@ def vscode_env(
         CHROMIUM=str(editors.chromium),
         VSIX=str(editors.vsix),
         E2E_WORKSPACE=str(workspace),
-        E2E_FILE=file,
+        E2E_FILE=next(iter(files)),
         E2E_RUN_DIR=str(tmp / "run"),
         E2E_ARTIFACTS=str(ARTIFACTS),
         E2E_RESULT=str(result_path),
         **e2e,
     )
-    return env
+    started = time.monotonic()
+    rc, output = run_bounded([str(editors.node), str(driver)], env, timeout=timeout_s)
+    return editor_result(name, rc, started, result_path, output)
 
 
 # A model given by name: the tiny random checkpoint of tests/models served by a local hub

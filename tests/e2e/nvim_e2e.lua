@@ -6,8 +6,6 @@
 -- Result: { ok, error?, version, native, ghost, before, after, row, col, attach_ms, ghost_ms, log,
 -- progress (the load progress messages the plugin showed) }.
 local e2e = dofile(debug.getinfo(1, 'S').source:sub(2):match('^(.*[/\\])') .. 'nvim_driver.lua')
-local result, log, ms = e2e.result, e2e.log, e2e.ms
-local sleep, wait_until, feed, fail = e2e.sleep, e2e.wait_until, e2e.feed, e2e.fail
 
 local function run()
   e2e.load_plugin()
@@ -23,39 +21,39 @@ local function run()
   local specls = require('specls')
   specls.setup(setup)
   -- the load progress the plugin shows (a model given by name: "downloading 43%", "converting: ...")
-  result.progress = {}
+  e2e.result.progress = {}
   vim.api.nvim_create_autocmd('LspProgress', {
     callback = function()
       local m = specls.progress()
-      if m and m ~= result.progress[#result.progress] then
-        table.insert(result.progress, m)
+      if m and m ~= e2e.result.progress[#e2e.result.progress] then
+        table.insert(e2e.result.progress, m)
       end
     end,
   })
-  result.native = vim.lsp.inline_completion ~= nil
+  e2e.result.native = vim.lsp.inline_completion ~= nil
 
   local buf = e2e.open_file()
-  log('opened, filetype=' .. vim.bo[buf].filetype)
+  e2e.log('opened, filetype=' .. vim.bo[buf].filetype)
 
   local client = e2e.attach(buf)
   if not client then
     return
   end
-  result.attach_ms = ms()
-  log('attached, server capabilities inlineCompletionProvider=' .. vim.inspect(
+  e2e.result.attach_ms = e2e.ms()
+  e2e.log('attached, server capabilities inlineCompletionProvider=' .. vim.inspect(
     client.server_capabilities.inlineCompletionProvider ~= nil))
   if not client.server_capabilities.inlineCompletionProvider then
-    return fail('server does not advertise inlineCompletionProvider')
+    return e2e.fail('server does not advertise inlineCompletionProvider')
   end
 
   -- Insert mode at the end of the last line, and stay there.
   local last = vim.api.nvim_buf_line_count(buf)
   vim.api.nvim_win_set_cursor(0, { last, 0 })
-  feed('A', 'n')
-  wait_until(5000, function()
+  e2e.feed('A', 'n')
+  e2e.wait_until(5000, function()
     return vim.fn.mode() == 'i'
   end)
-  log('mode=' .. vim.fn.mode())
+  e2e.log('mode=' .. vim.fn.mode())
 
   -- The ghost text: every extmark with virtual text in the buffer (the plugin's own namespace on 0.11,
   -- nvim.lsp.inline_completion on 0.12), first line from virt_text, the rest from virt_lines.
@@ -89,63 +87,63 @@ local function run()
 
   local function await_ghost()
     local text, row, col, pos
-    local deadline = ms() + timeout
-    local retrigger_at = ms() + 5000
-    while ms() < deadline do
-      wait_until(200, function()
+    local deadline = e2e.ms() + timeout
+    local retrigger_at = e2e.ms() + 5000
+    while e2e.ms() < deadline do
+      e2e.wait_until(200, function()
         text, row, col, pos = ghost()
         return text ~= nil
       end, 20)
       if text then
         return text, row, col, pos
       end
-      if ms() > retrigger_at then
+      if e2e.ms() > retrigger_at then
         -- e.g. the first request came while the model was still loading: leave and re-enter Insert mode
-        log('no ghost text yet; re-entering Insert mode')
-        feed('<Esc>A', 'n')
-        retrigger_at = ms() + 5000
+        e2e.log('no ghost text yet; re-entering Insert mode')
+        e2e.feed('<Esc>A', 'n')
+        retrigger_at = e2e.ms() + 5000
       end
     end
   end
 
   local text, row, col, pos = await_ghost()
   if not text then
-    return fail(string.format('no ghost text within %d ms', timeout))
+    return e2e.fail(string.format('no ghost text within %d ms', timeout))
   end
-  if not result.native then
+  if not e2e.result.native then
     -- 0.11 fallback: the dismiss key hides it (and it stays hidden without an edit); an edit asks again
-    feed('<C-]>', 'mt')
-    wait_until(2000, function()
+    e2e.feed('<C-]>', 'mt')
+    e2e.wait_until(2000, function()
       return ghost() == nil
     end, 20)
-    sleep(500)
-    result.dismissed = ghost() == nil
-    log('after dismiss: ' .. (ghost() or '(no ghost text)'))
+    e2e.sleep(500)
+    e2e.result.dismissed = ghost() == nil
+    e2e.log('after dismiss: ' .. (ghost() or '(no ghost text)'))
     local line = vim.api.nvim_get_current_line()
-    feed('<BS>' .. line:sub(-1), 'n')
+    e2e.feed('<BS>' .. line:sub(-1), 'n')
     text, row, col, pos = await_ghost()
     if not text then
-      return fail('no ghost text after an edit following the dismiss')
+      return e2e.fail('no ghost text after an edit following the dismiss')
     end
   end
-  result.ghost_ms = ms()
-  result.ghost = text
-  result.virt_text_pos = pos
+  e2e.result.ghost_ms = e2e.ms()
+  e2e.result.ghost = text
+  e2e.result.virt_text_pos = pos
   local cursor = vim.api.nvim_win_get_cursor(0)
-  result.row, result.col = cursor[1] - 1, cursor[2]
-  result.ghost_row, result.ghost_col = row, col
-  result.before = e2e.text_of(buf)
-  log(string.format('ghost at %d:%d %q', row, col, text))
+  e2e.result.row, e2e.result.col = cursor[1] - 1, cursor[2]
+  e2e.result.ghost_row, e2e.result.ghost_col = row, col
+  e2e.result.before = e2e.text_of(buf)
+  e2e.log(string.format('ghost at %d:%d %q', row, col, text))
 
   local tick = vim.api.nvim_buf_get_changedtick(buf)
   -- The accept key through its mapping, as a user presses it.
-  feed('<Tab>', 'mt')
-  wait_until(5000, function()
+  e2e.feed('<Tab>', 'mt')
+  e2e.wait_until(5000, function()
     return vim.api.nvim_buf_get_changedtick(buf) ~= tick
   end, 20)
-  sleep(200) -- let the accept finish (cursor move, 0.12's scheduled apply)
-  result.after = e2e.text_of(buf)
-  result.after_mode = vim.fn.mode()
+  e2e.sleep(200) -- let the accept finish (cursor move, 0.12's scheduled apply)
+  e2e.result.after = e2e.text_of(buf)
+  e2e.result.after_mode = vim.fn.mode()
   -- the server's counters after the accept (the plugin sent specls/accepted before this request)
   e2e.finish_with_stats(client, buf)
 end

@@ -8,8 +8,6 @@
 -- Result: { ok, error?, version, shown (the edit as the server sent it), delete_hl, virt_lines, dismissed,
 -- jumped_to, before, after, stats, log }.
 local e2e = dofile(debug.getinfo(1, 'S').source:sub(2):match('^(.*[/\\])') .. 'nvim_driver.lua')
-local result, log, text_of = e2e.result, e2e.log, e2e.text_of
-local sleep, wait_until, feed, fail = e2e.sleep, e2e.wait_until, e2e.feed, e2e.fail
 
 local function run()
   e2e.load_plugin()
@@ -22,7 +20,7 @@ local function run()
   if not client then
     return
   end
-  log('attached; experimental capability: ' .. vim.inspect(client.server_capabilities.experimental))
+  e2e.log('attached; experimental capability: ' .. vim.inspect(client.server_capabilities.experimental))
   local ns = vim.api.nvim_get_namespaces()['specls.next_edit']
 
   local function marks()
@@ -30,7 +28,7 @@ local function run()
   end
 
   local function await_edit()
-    return wait_until(timeout, function()
+    return e2e.wait_until(timeout, function()
       return next_edit.get(buf) ~= nil and #marks() > 0
     end, 20)
   end
@@ -39,56 +37,56 @@ local function run()
   vim.api.nvim_win_set_cursor(0, { 1, 0 })
   vim.api.nvim_buf_set_lines(buf, 0, 0, false, { 'import math' })
   if not await_edit() then
-    return fail(string.format('no next edit within %d ms', timeout))
+    return e2e.fail(string.format('no next edit within %d ms', timeout))
   end
-  log('shown: ' .. vim.inspect(next_edit.get(buf)))
+  e2e.log('shown: ' .. vim.inspect(next_edit.get(buf)))
 
   -- Esc dismisses it; another change brings it back
-  feed('<Esc>', 'mt')
-  result.dismissed = wait_until(2000, function()
+  e2e.feed('<Esc>', 'mt')
+  e2e.result.dismissed = e2e.wait_until(2000, function()
     return next_edit.get(buf) == nil and #marks() == 0
   end, 20)
   vim.api.nvim_buf_set_lines(buf, 1, 1, false, { '' })
   if not await_edit() then
-    return fail('no next edit after a change following the dismiss')
+    return e2e.fail('no next edit after a change following the dismiss')
   end
-  result.shown = next_edit.get(buf)
+  e2e.result.shown = next_edit.get(buf)
   for _, m in ipairs(marks()) do
     local d = m[4]
     if d.hl_group == 'SpeclsNextEditDelete' then
-      result.delete_hl = { m[2], m[3], d.end_row, d.end_col }
+      e2e.result.delete_hl = { m[2], m[3], d.end_row, d.end_col }
     end
     if d.virt_lines then
-      result.virt_lines = {}
+      e2e.result.virt_lines = {}
       for _, vl in ipairs(d.virt_lines) do
         local parts = {}
         for _, chunk in ipairs(vl) do
           parts[#parts + 1] = chunk[1]
         end
-        table.insert(result.virt_lines, table.concat(parts))
+        table.insert(e2e.result.virt_lines, table.concat(parts))
       end
     end
   end
-  result.before = text_of(buf)
+  e2e.result.before = e2e.text_of(buf)
 
   -- the key through its mapping, as a user presses it: a jump to the edit, then the edit
   local was = vim.api.nvim_win_get_cursor(0)
-  result.cursor_before = { was[1] - 1, was[2] }
-  feed('<Tab>', 'mt')
-  wait_until(2000, function()
+  e2e.result.cursor_before = { was[1] - 1, was[2] }
+  e2e.feed('<Tab>', 'mt')
+  e2e.wait_until(2000, function()
     local now = vim.api.nvim_win_get_cursor(0)
     return now[1] ~= was[1] or now[2] ~= was[2]
   end, 20)
   local c = vim.api.nvim_win_get_cursor(0)
-  result.jumped_to = { c[1] - 1, c[2] }
-  result.after_jump = text_of(buf)
+  e2e.result.jumped_to = { c[1] - 1, c[2] }
+  e2e.result.after_jump = e2e.text_of(buf)
   local tick = vim.api.nvim_buf_get_changedtick(buf)
-  feed('<Tab>', 'mt')
-  wait_until(5000, function()
+  e2e.feed('<Tab>', 'mt')
+  e2e.wait_until(5000, function()
     return vim.api.nvim_buf_get_changedtick(buf) ~= tick
   end, 20)
-  sleep(200)
-  result.after = text_of(buf)
+  e2e.sleep(200)
+  e2e.result.after = e2e.text_of(buf)
 
   e2e.finish_with_stats(client, buf)
 end

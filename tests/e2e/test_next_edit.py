@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +17,10 @@ from tests.e2e.conftest import (
     REPO,
     Editors,
     clean_env,
-    editor_result,
     free_port,
     listening_server,
-    run_bounded,
     run_nvim_script,
-    vscode_env,
+    run_vscode_driver,
 )
 
 pytestmark = pytest.mark.e2e
@@ -107,23 +104,16 @@ def server_stats(port: int) -> dict[str, object]:
 
 
 def test_vscode_next_edit(editors: Editors, fake_tcp_server: int, tmp_path: Path) -> None:
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    source = workspace / "shapes.py"
-    source.write_text(SOURCE)
-    result_path = tmp_path / "result.json"
-    env = vscode_env(
+    result = run_vscode_driver(
         editors,
+        VSCODE_DRIVER,
         tmp_path,
-        workspace,
-        source.name,
-        result_path,
+        "vscode-next-edit",
+        {"shapes.py": SOURCE},
+        TIMEOUT_S + 180,
         E2E_TEAM_SERVER=f"127.0.0.1:{fake_tcp_server}",
         E2E_TIMEOUT_MS=str(TIMEOUT_S * 1000),
     )
-    started = time.monotonic()
-    rc, output = run_bounded([str(editors.node), str(VSCODE_DRIVER)], env, timeout=TIMEOUT_S + 180)
-    result = editor_result("vscode-next-edit", rc, started, result_path, output)
     # shown: the removed text struck through, the new text after it
     assert result["removed"] == "3.14", result
     assert "math.pi" in str(result["added"]), result

@@ -4,9 +4,7 @@ ghost text appears, Tab accepts, the saved file contains it. Screenshots go to t
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -19,11 +17,8 @@ from tests.e2e.conftest import (
     PY_TYPED,
     Editors,
     TcpServer,
-    editor_result,
     hub_env,
-    load_result,
-    run_bounded,
-    vscode_env,
+    run_vscode_driver,
 )
 
 pytestmark = pytest.mark.e2e
@@ -46,30 +41,24 @@ def test_vscode_ghost_text_and_tab(
     if transport == "tcp":  # specls.teamServer: the extension connects to a shared `specls serve --tcp`
         server: TcpServer = request.getfixturevalue("tcp_server")
         team_server = f"{server.host}:{server.port}"
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    source = workspace / "stack.py"
-    source.write_text(PY_SOURCE)
-    (workspace / "notes.txt").write_text("plain text: no completions here\n")
-    result_path = tmp_path / "result.json"
-    env = vscode_env(
+    by_name: dict[str, str] = {}
+    if transport == "by-name":
+        by_name = {"E2E_MODEL": HUB_MODEL, **hub_env(request.getfixturevalue("model_hub"), tmp_path)}
+    result = run_vscode_driver(
         editors,
+        DRIVER,
         tmp_path,
-        workspace,
-        source.name,
-        result_path,
+        f"vscode-{transport}",
+        {"stack.py": PY_SOURCE, "notes.txt": "plain text: no completions here\n"},
+        GHOST_TIMEOUT_S + 180,
         SPECLS_BIN=str(specls_bin),
         E2E_OTHER_FILE="notes.txt",
         E2E_TYPE=PY_TYPED,
         E2E_TIMEOUT_MS=str(int(GHOST_TIMEOUT_S * 1000)),
         E2E_TEAM_SERVER=team_server,
         E2E_TAG=f"vscode-{transport}",
+        **by_name,
     )
-    if transport == "by-name":
-        env.update(hub_env(request.getfixturevalue("model_hub"), tmp_path), E2E_MODEL=HUB_MODEL)
-    started = time.monotonic()
-    rc, output = run_bounded([str(editors.node), str(DRIVER)], env, timeout=GHOST_TIMEOUT_S + 180)
-    result = editor_result(f"vscode-{transport}", rc, started, result_path, output)
 
     assert Path(str(result["screenshot"])).is_file()
     if transport == "by-name":
@@ -111,25 +100,19 @@ def test_vscode_ghost_text_and_tab(
 
 def test_vscode_reports_missing_server(editors: Editors, tmp_path: Path) -> None:
     """specls.serverPath pointing nowhere: an error status and a notification that names the setting."""
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    (workspace / "stack.py").write_text(PY_SOURCE)
-    result_path = tmp_path / "result.json"
-    env = vscode_env(
+    result = run_vscode_driver(
         editors,
+        DRIVER,
         tmp_path,
-        workspace,
-        "stack.py",
-        result_path,
+        "vscode-missing-server",
+        {"stack.py": PY_SOURCE},
+        240,
         SPECLS_BIN=str(tmp_path / "no-such-dir" / "specls"),
         E2E_TYPE=PY_TYPED,
         E2E_TIMEOUT_MS="60000",
         E2E_EXPECT_ERROR="1",
         E2E_TAG="vscode-missing-server",
     )
-    rc, output = run_bounded([str(editors.node), str(DRIVER)], env, timeout=240)
-    result = load_result(result_path, output)
-    assert result.get("ok"), f"{result.get('error')}\nlog: {json.dumps(result.get('log'), indent=1)}"
     assert "error" in str(result["status_error"])
     notification = str(result["notification"])
     assert "specls.serverPath" in notification and "no-such-dir" in notification, notification

@@ -210,6 +210,35 @@ async function saveAndRead(page, file, before) {
     return after;
 }
 
+/** The run around `body(page)`: code-server prepared with `settings` (see `prepareCodeServer`) and
+ * started on E2E_WORKSPACE (`serverArgs` added), the workbench open in Chromium with E2E_FILE. On a
+ * failure `onFailure(page)`, then a screenshot `${tag}-failure.png`; in the end the browser and
+ * code-server are stopped, then `after(prepared)`. */
+async function withWorkbench({ settings, tag, serverArgs = [], onFailure = async () => {}, after = () => {} }, body) {
+    const workspace = env('E2E_WORKSPACE');
+    const prepared = prepareCodeServer(settings);
+    const { server, port } = await startCodeServer(prepared, workspace, tag, serverArgs);
+    let browser;
+    let page;
+    try {
+        await waitCodeServer(port);
+        browser = await launchBrowser();
+        page = await openWorkbench(browser, port, workspace);
+        await openFile(page, env('E2E_FILE'));
+        await body(page);
+    } catch (e) {
+        if (page) {
+            await onFailure(page);
+            await page.screenshot({ path: path.join(env('E2E_ARTIFACTS'), `${tag}-failure.png`) }).catch(() => {});
+        }
+        throw e;
+    } finally {
+        if (browser) await browser.close().catch(() => {});
+        await stopCodeServer(server);
+        after(prepared);
+    }
+}
+
 /** Run `main`, then write the result (a failure as its error) to E2E_RESULT and exit. */
 function runDriver(main) {
     main()
@@ -223,21 +252,4 @@ function runDriver(main) {
         });
 }
 
-module.exports = {
-    QUIET_SETTINGS,
-    env,
-    findFiles,
-    launchBrowser,
-    log,
-    openFile,
-    openWorkbench,
-    prepareCodeServer,
-    result,
-    runDriver,
-    saveAndRead,
-    sleep,
-    startCodeServer,
-    stopCodeServer,
-    t0,
-    waitCodeServer,
-};
+module.exports = { QUIET_SETTINGS, env, findFiles, log, result, runDriver, saveAndRead, sleep, t0, withWorkbench };

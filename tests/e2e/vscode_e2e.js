@@ -11,66 +11,51 @@
 'use strict';
 const fs = require('fs');
 const path = require('path');
-const {
-    QUIET_SETTINGS,
-    env,
-    findFiles,
-    launchBrowser,
-    log,
-    openFile,
-    openWorkbench,
-    prepareCodeServer,
-    result,
-    runDriver,
-    saveAndRead,
-    sleep,
-    startCodeServer,
-    stopCodeServer,
-    t0,
-    waitCodeServer,
-} = require('./vscode_driver');
+const { QUIET_SETTINGS, env, findFiles, log, result, runDriver, saveAndRead, sleep, t0, withWorkbench } =
+    require('./vscode_driver');
 
 const tag = process.env.E2E_TAG || 'vscode';
 
 async function main() {
     const artifacts = env('E2E_ARTIFACTS');
-    const workspace = env('E2E_WORKSPACE');
-    const file = path.join(workspace, env('E2E_FILE'));
+    const file = path.join(env('E2E_WORKSPACE'), env('E2E_FILE'));
     const typed = env('E2E_TYPE');
     const timeout = Number(process.env.E2E_TIMEOUT_MS || 120000);
-
-    const prepared = prepareCodeServer({
-        ...QUIET_SETTINGS,
-        'specls.serverPath': env('SPECLS_BIN'),
-        // a team server over TCP instead of a local one over stdio
-        'specls.teamServer': process.env.E2E_TEAM_SERVER || '',
-        // a model given by name (E2E_MODEL, from a local hub): prepared on first use
-        ...(process.env.E2E_MODEL ? { 'specls.model': process.env.E2E_MODEL } : {}),
-        'specls.maxTokens': 24,
-        // sent as they are: the test checks that the server knows each of them
-        'specls.lineFirst': true,
-        'specls.typeAhead': true,
-        'specls.multiline': 'auto',
-        'specls.trace.server': process.env.E2E_LOG_TRACE ? 'verbose' : 'off',
-        'editor.inlineSuggest.enabled': true,
-        'editor.autoClosingBrackets': 'never',
-        'editor.autoClosingQuotes': 'never',
-    });
-    const { dirs } = prepared;
-    const { server, port } = await startCodeServer(
-        prepared,
-        workspace,
+    const run = {
         tag,
-        process.env.E2E_LOG_TRACE ? ['--log', 'trace'] : [],
-    );
-    let browser;
-    let page;
-    try {
-        await waitCodeServer(port);
-        browser = await launchBrowser();
-        page = await openWorkbench(browser, port, workspace);
-        await openFile(page, env('E2E_FILE'));
-
+        settings: {
+            ...QUIET_SETTINGS,
+            'specls.serverPath': env('SPECLS_BIN'),
+            // a team server over TCP instead of a local one over stdio
+            'specls.teamServer': process.env.E2E_TEAM_SERVER || '',
+            // a model given by name (E2E_MODEL, from a local hub): prepared on first use
+            ...(process.env.E2E_MODEL ? { 'specls.model': process.env.E2E_MODEL } : {}),
+            'specls.maxTokens': 24,
+            // sent as they are: the test checks that the server knows each of them
+            'specls.lineFirst': true,
+            'specls.typeAhead': true,
+            'specls.multiline': 'auto',
+            'specls.trace.server': process.env.E2E_LOG_TRACE ? 'verbose' : 'off',
+            'editor.inlineSuggest.enabled': true,
+            'editor.autoClosingBrackets': 'never',
+            'editor.autoClosingQuotes': 'never',
+        },
+        serverArgs: process.env.E2E_LOG_TRACE ? ['--log', 'trace'] : [],
+        onFailure: async (page) => {
+            result.status_at_failure = await page
+                .locator('.statusbar-item', { hasText: 'specls' })
+                .first()
+                .innerText({ timeout: 2000 })
+                .catch(() => '');
+        },
+        // the extension's log (output channel) and the extension host's (written out by now)
+        after: ({ dirs }) => {
+            for (const f of findFiles(path.join(dirs['user-data'], 'logs'), /(specls|exthost)\.log$/)) {
+                fs.copyFileSync(f, path.join(artifacts, `${tag}-${path.basename(f)}`));
+            }
+        },
+    };
+    await withWorkbench(run, async (page) => {
         // Wait for the extension: its status bar item leaves the loading state (or at least exists).
         // Wait for the extension: its status bar item shows plain "specls" (the ready icon) once the
         // server answered initialize and loaded the model; "specls: ..." while starting or loading.
@@ -192,24 +177,7 @@ async function main() {
                 .catch(() => false);
         }
         result.ok = true;
-    } catch (e) {
-        if (page) {
-            result.status_at_failure = await page
-                .locator('.statusbar-item', { hasText: 'specls' })
-                .first()
-                .innerText({ timeout: 2000 })
-                .catch(() => '');
-            await page.screenshot({ path: path.join(artifacts, `${tag}-failure.png`) }).catch(() => {});
-        }
-        throw e;
-    } finally {
-        if (browser) await browser.close().catch(() => {});
-        await stopCodeServer(server);
-        // the extension's log (output channel) and the extension host's (written out by now)
-        for (const f of findFiles(path.join(dirs['user-data'], 'logs'), /(specls|exthost)\.log$/)) {
-            fs.copyFileSync(f, path.join(artifacts, `${tag}-${path.basename(f)}`));
-        }
-    }
+    });
 }
 
 runDriver(main);

@@ -9,22 +9,7 @@
 'use strict';
 const fs = require('fs');
 const path = require('path');
-const {
-    QUIET_SETTINGS,
-    env,
-    launchBrowser,
-    log,
-    openFile,
-    openWorkbench,
-    prepareCodeServer,
-    result,
-    runDriver,
-    saveAndRead,
-    sleep,
-    startCodeServer,
-    stopCodeServer,
-    waitCodeServer,
-} = require('./vscode_driver');
+const { QUIET_SETTINGS, env, log, result, runDriver, saveAndRead, sleep, withWorkbench } = require('./vscode_driver');
 
 const tag = 'vscode-next-edit';
 
@@ -46,23 +31,15 @@ function decorations(page) {
 
 async function main() {
     const artifacts = env('E2E_ARTIFACTS');
-    const workspace = env('E2E_WORKSPACE');
-    const file = path.join(workspace, env('E2E_FILE'));
+    const file = path.join(env('E2E_WORKSPACE'), env('E2E_FILE'));
     const timeout = Number(process.env.E2E_TIMEOUT_MS || 60000);
-    const prepared = prepareCodeServer({
+    const settings = {
         ...QUIET_SETTINGS,
         'specls.teamServer': env('E2E_TEAM_SERVER'),
         // no inline completions here: Tab goes to the next edit when no inline suggestion shows
         'editor.inlineSuggest.enabled': false,
-    });
-    const { server, port } = await startCodeServer(prepared, workspace, tag);
-    let browser;
-    let page;
-    try {
-        await waitCodeServer(port);
-        browser = await launchBrowser();
-        page = await openWorkbench(browser, port, workspace);
-        await openFile(page, env('E2E_FILE'));
+    };
+    await withWorkbench({ settings, tag }, async (page) => {
         const status = page.locator('.statusbar-item', { hasText: 'specls' }).first();
         await status.locator('.codicon-sparkle').waitFor({ timeout });
         log('editor open, extension ready');
@@ -94,13 +71,7 @@ async function main() {
         log(`saved: ${JSON.stringify(after)}`);
         await page.screenshot({ path: path.join(artifacts, `${tag}-applied.png`) });
         result.ok = true;
-    } catch (e) {
-        if (page) await page.screenshot({ path: path.join(artifacts, `${tag}-failure.png`) }).catch(() => {});
-        throw e;
-    } finally {
-        if (browser) await browser.close().catch(() => {});
-        await stopCodeServer(server);
-    }
+    });
 }
 
 runDriver(main);
