@@ -70,8 +70,7 @@ def register(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--stats", action="store_true", help="speculation summary on stderr")
+    add_output_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -122,6 +121,12 @@ def add_position_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path)
     p.add_argument("--line", type=int, required=True, help="0-based line")
     p.add_argument("--character", type=int, required=True, help="0-based character (UTF-16 code units)")
+
+
+def add_output_arguments(p: argparse.ArgumentParser) -> None:
+    """How ``complete`` and ``next-edit`` print their answer: ``--json``, ``--stats``."""
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--stats", action="store_true", help="speculation summary on stderr")
 
 
 def read_text(path: Path, err: Callable[[str], None]) -> str | None:

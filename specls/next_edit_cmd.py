@@ -22,7 +22,7 @@ def _err(message: str) -> None:
 
 
 def register(sub: Any) -> None:
-    from specls.complete_cmd import add_position_arguments
+    from specls.complete_cmd import add_output_arguments, add_position_arguments
     from specls.model_options import add_model_arguments
 
     p = sub.add_parser("next-edit", help="suggest the next edit near a position (prints it as a diff)")
@@ -31,8 +31,7 @@ def register(sub: Any) -> None:
     add_model_arguments(p)  # --model, --draft, --no-draft, --no-lookup, --no-speculation, ... (one place)
     p.add_argument("--max-tokens", type=int, default=None, help="budget of the rewrite (default: by region)")
     p.add_argument("--layout", default=None, help="the prompt layout (default: the model's)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--stats", action="store_true", help="speculation summary on stderr")
+    add_output_arguments(p)
     p.set_defaults(func=run)
 
 
