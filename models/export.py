@@ -651,7 +651,7 @@ def _log_memory(stage: str) -> None:
         now = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
     except (OSError, ValueError, IndexError):
         now = 0
-    log.info("export: %s (RSS %.2f GB, peak so far %.2f GB)", stage, now / 1e9, peak * 1024 / 1e9)
+    log.info("export: %s (RSS %.2f GB now, peak RSS so far %.2f GB)", stage, now / 1e9, peak * 1024 / 1e9)
 
 
 def _load_torch_model(
