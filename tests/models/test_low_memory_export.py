@@ -129,3 +129,72 @@ def test_low_memory_export_writes_what_the_plain_path_writes(
         for key in ("positions", "windows", "fim_positions"):
             assert report_low["agreement"][key] == report_plain["agreement"][key]
         assert abs(report_low["agreement"]["top1"] - report_plain["agreement"]["top1"]) <= 0.02
+
+
+def test_integer_kernel_quantizes_mapped_external_weights_like_loaded_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 kernel reads an external weight through a memory map, a block of columns at a time:
+    the same initializers as from a weight held inline, whole."""
+    import onnx
+    import specls.models.quantize as quantize_mod
+    from onnx import TensorProto, helper, numpy_helper
+    from specls.models.quantize import options_for, quantize_graph
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 300)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 48])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 300])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="head")],
+        "g",
+        [x],
+        [y],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    (tmp_path / "inline").mkdir()
+    (tmp_path / "external").mkdir()
+    onnx.save_model(model, str(tmp_path / "inline" / "m.onnx"))
+    onnx.save_model(
+        model,
+        str(tmp_path / "external" / "m.onnx"),
+        save_as_external_data=True,
+        location="m.onnx.data",
+        size_threshold=0,
+    )
+    options = options_for("int8")
+    assert options is not None
+    monkeypatch.setattr(quantize_mod, "_BLOCK_ELEMENTS", 48 * 7)  # blocks of 7 columns, a ragged last one
+    mapped: list[np.ndarray] = []
+    real_map = quantize_mod._mapped_array
+
+    def spy(tensor: object, base_dir: Path) -> np.ndarray | None:
+        a = real_map(tensor, base_dir)
+        if a is not None:
+            mapped.append(a)
+        return a
+
+    monkeypatch.setattr(quantize_mod, "_mapped_array", spy)
+    quantize_graph(tmp_path / "inline" / "m.onnx", tmp_path / "inline" / "q.onnx", options)
+    quantize_graph(tmp_path / "external" / "m.onnx", tmp_path / "external" / "q.onnx", options)
+    got = {
+        t.name: numpy_helper.to_array(t)
+        for t in onnx.load(str(tmp_path / "external" / "q.onnx")).graph.initializer
+    }
+    want = {
+        t.name: numpy_helper.to_array(t)
+        for t in onnx.load(str(tmp_path / "inline" / "q.onnx")).graph.initializer
+    }
+    assert [a.shape for a in mapped] == [(48, 300)]  # the external weight, and only it, was mapped
+    assert got.keys() == want.keys() and any(v.dtype == np.int8 for v in got.values())
+    for name, value in want.items():
+        assert value.dtype == got[name].dtype and np.array_equal(value, got[name]), name
+    monkeypatch.setattr(quantize_mod, "_BLOCK_ELEMENTS", 1 << 24)  # one block: the same again
+    quantize_graph(tmp_path / "external" / "m.onnx", tmp_path / "external" / "q1.onnx", options)
+    whole = {
+        t.name: numpy_helper.to_array(t)
+        for t in onnx.load(str(tmp_path / "external" / "q1.onnx")).graph.initializer
+    }
+    for name, value in whole.items():
+        assert np.array_equal(value, got[name]), name
