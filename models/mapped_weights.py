@@ -170,7 +170,13 @@ def spill_large_initializers(spill_dir: Path, evictor: PageEvictor | None = None
     order: the graph is the one the fusions write. Each map is ``add``-ed to ``evictor``."""
     from transformers.exporters import onnxruntime_fusions as fusions
 
-    original = fusions._initializer  # private to transformers: the one place packed weights are made
+    original = getattr(
+        fusions, "_initializer", None
+    )  # private to transformers: where packed weights are made
+    if original is None:  # another transformers version: the packed weights stay in memory
+        log.info("transformers' fusions have no _initializer: packed initializers are not spilled")
+        yield
+        return
     counter = iter(range(1 << 30))
 
     def spilled(graph: Any, name: str, array: np.ndarray) -> Any:
