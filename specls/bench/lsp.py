@@ -313,8 +313,8 @@ class CompletionAsker:
             await asyncio.gather(*self.done)
 
 
-def _did_change(client: Any, uri: str, version: int, line: int, col: int, ch: str) -> None:
-    """Insert `ch` at (line, col)."""
+def did_insert(client: Any, uri: str, version: int, line: int, col: int, ch: str) -> None:
+    """Insert `ch` at (line, col): a didChange of an empty range (a client's keystroke)."""
     from lsprotocol import types
 
     pos = types.Position(line=line, character=col)
@@ -350,7 +350,7 @@ async def _type_file(
     for ch in region:
         through = completions.keystroke(ch, line, col)
         version += 1
-        _did_change(client, uri, version, line, col, ch)
+        did_insert(client, uri, version, line, col, ch)
         key_t = time.perf_counter()
         tally.keystrokes += 1
         line, col = (line + 1, 0) if ch == "\n" else (line, col + _utf16_len(ch))

@@ -368,13 +368,15 @@ def get_layout(name: str) -> EditLayout:
 
 def layout_for_model(model_id: str) -> str:
     """The layout an export writes into ``specls.json`` when none is given: Sweep's for its next-edit
-    models, the chat one for instruct models, the FIM one for other code models.
+    models, ``chat-snippet`` for instruct models (measured against ``chat-rewrite``: it ends where
+    the region ends and suggests no edit where none is due; bench/README.md, "Next edits"), the FIM
+    one for other code models.
 
     >>> [layout_for_model(m) for m in ("sweepai/sweep-next-edit-1.5B", "Qwen/Qwen2.5-Coder-1.5B-Instruct",
     ...                                 "Qwen/Qwen2.5-Coder-1.5B")]
-    ['sweep', 'chat-rewrite', 'fim-rewrite']
+    ['sweep', 'chat-snippet', 'fim-rewrite']
     """
     lowered = model_id.lower()
     if "sweep-next-edit" in lowered:
         return SWEEP.name
-    return CHAT.name if "instruct" in lowered or "chat" in lowered else FIM.name
+    return SNIPPET.name if "instruct" in lowered or "chat" in lowered else FIM.name

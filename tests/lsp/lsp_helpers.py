@@ -19,6 +19,8 @@ from pytest_lsp import LanguageClient
 from pytest_lsp.client import make_test_lsp_client
 from specls.lsp.cli import plain
 
+from specls.bench.lsp import did_insert
+
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_SERVER = str(Path(__file__).with_name("fake_server.py"))
 SPECLS = str(ROOT / ".venv" / "bin" / "specls")
@@ -119,15 +121,7 @@ def open_doc(client: LanguageClient, uri: str, text: str, version: int = 1, lang
 
 
 def insert(client: LanguageClient, uri: str, version: int, line: int, character: int, text: str) -> None:
-    pos = types.Position(line=line, character=character)
-    client.text_document_did_change(
-        types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            content_changes=[
-                types.TextDocumentContentChangePartial(range=types.Range(start=pos, end=pos), text=text)
-            ],
-        )
-    )
+    did_insert(client, uri, version, line, character, text)
 
 
 def inline_params(uri: str, line: int, character: int) -> types.InlineCompletionParams:

@@ -131,3 +131,24 @@ def test_bench_on_the_bundled_pair_is_exact(tmp_path: Path, capsys: pytest.Captu
         assert set(d["arms"]["plain"]["pass_ms_by_rows"]) == {"1-1"}  # plain passes feed one token
         assert sum(v["passes"] for v in d["arms"]["policy"]["pass_ms_by_rows"].values()) > 0
     assert "layout sweep: exact" in capsys.readouterr().out
+
+
+def test_a_quality_run_without_the_plain_arm(tmp_path: Path) -> None:
+    old, new = release(tmp_path / "old", OLD), release(tmp_path / "new", NEW)
+    engine = OnnxEngine(EngineSettings(threads=1, costs_cache=False))
+    engine.load()
+    out = tmp_path / "edit.json"
+    opt = EditBenchOptions(
+        packages=(),
+        sources=(f"demo={old}:{new}",),
+        n=2,
+        layouts=("fim-rewrite",),
+        arms=("policy",),
+        max_tokens=40,
+        json_out=str(out),
+        plain=False,
+    )
+    assert run_bench(engine, opt, NextEditSettings(lines_before=4, lines_after=4)) == 0
+    d = json.loads(out.read_text(encoding="utf-8"))["layouts"]["fim-rewrite"]
+    assert sorted(d["arms"]) == ["policy"] and d["arms"]["policy"]["identical_to_plain"] is None
+    assert d["quality"]["near_tasks"] + d["quality"]["far_tasks"] == 2  # the quality from the policy arm
