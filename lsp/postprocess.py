@@ -11,7 +11,8 @@ Rules: single-line when the cursor sits mid-line before non-trivial text (anythi
 quotes and ``;:,``), multi-line otherwise. A multi-line completion ends before a line indented less than
 the cursor line (end of the enclosing block), before a blank line, before a line that repeats the
 next non-blank line already after the cursor, and at the end of the line where it closes the bracket
-the cursor sat in. A closing bracket with no opener (in the completion or
+the cursor sat in, and before a control character (other than tab, line breaks and form feed). A
+closing bracket with no opener (in the completion or
 left open before the cursor) ends the completion. Text that duplicates the rest of the cursor line is
 trimmed, or, when the completion legitimately rewrites the closing brackets, the completion replaces the
 rest of the line.
@@ -305,6 +306,9 @@ def _stop_point(ctx: CursorContext, text: str) -> int | None:
     loop = repetition_cut(text)
     if loop is not None:
         stops.append(loop)
+    control = _CONTROL.search(text)
+    if control is not None:
+        stops.append(control.start())
     if not ctx.multiline:
         nl = text.find("\n")
         if nl >= 0:
@@ -334,6 +338,9 @@ def first_line_point(ctx: CursorContext, text: str) -> int | None:
     return None
 
 
+# control characters other than tab, line breaks and form feed: source code does not hold them, a
+# model that writes one has gone off the rails, and an editor would show or insert them as they are
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")
 _LOOP = re.compile(r"([^\r\n]{2,24}?)\1{3}")  # a unit of 2-24 characters, then 3 more copies of it
 
 

@@ -129,6 +129,21 @@ def test_repetition_cut(text, want):
     assert (None if cut is None else text[:cut]) == want
 
 
+@pytest.mark.parametrize(
+    ("raw", "keep"),
+    [
+        ("return x\x14y", "return x"),  # Not the whole text: a model that writes \x14 has gone astray
+        ("a = 1\x00", "a = 1"),
+        ("s = '\x7f'", "s = '"),
+        ("\tx = 1", None),  # a tab is code
+        ("x = 1\x0cy = 2", None),  # a form feed stands in old source files
+    ],
+)
+def test_a_control_character_ends_the_completion(raw, keep):
+    stop = stop_point(make_context("def f():\n    ", "\n"), raw)
+    assert (None if stop is None else raw[:stop]) == keep
+
+
 DOCSTRING = 'def f(x):\n    """Return x.\n\n    See g (the helper.\n    Don\'t call it twice.\n    """\n'
 
 
