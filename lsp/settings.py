@@ -29,6 +29,8 @@ MODEL_OPTIONS = (
     "type_ahead",
     "draft_length",
     "threads",
+    "workspace",
+    "datastore",
 )
 # Settings that only take effect when the engine is (re)built, i.e. before the model is loaded: the
 # model options, by the same names
@@ -54,6 +56,12 @@ class ServerSettings:
     draft_length: int = 12
     # onnxruntime intra-op threads; 0 = auto (the CPUs less one, 1 to 4: specls.models.runtime.auto_threads)
     threads: int = 0
+    # prompt lookup also drafts from the project's files that are not open; off by default: it reads
+    # the whole project in the background, which a user turns on knowingly
+    workspace: bool = False
+    # and from code datastores (stdlib, site-packages or a folder built by `specls datastore build`;
+    # comma-separated); None = none
+    datastore: str | None = None
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
     multiline: str = "auto"  # auto | always | never
@@ -144,7 +152,7 @@ def _as_languages(value: Any) -> tuple[str, ...]:
 
 
 def _convert(name: str, value: Any) -> Any:
-    if name in ("model", "draft"):
+    if name in ("model", "draft", "datastore"):
         return _as_name(value)
     if name == "preset":
         return _as_preset(value)
@@ -158,7 +166,7 @@ def _convert(name: str, value: Any) -> Any:
         return _as_int(value, 0, 256)
     if name == "debounce_ms":
         return _as_int(value, 0, 5000)
-    if name in ("speculation", "draft_model", "lookup", "type_ahead", "line_first"):
+    if name in ("speculation", "draft_model", "lookup", "type_ahead", "line_first", "workspace"):
         return _as_bool(value)
     if name == "languages":
         return _as_languages(value)

@@ -2,7 +2,8 @@
 
 ``add_model_arguments`` gives ``serve``, ``complete`` and ``serve-engine`` the same flags; each flag's
 destination is the name of its setting everywhere: the LSP setting (``model``, ``preset``, ``draft``,
-``draftModel``, ``lookup``, ``speculation``, ``typeAhead``, ``draftLength``, ``threads``) and the
+``draftModel``, ``lookup``, ``speculation``, ``typeAhead``, ``draftLength``, ``threads``,
+``workspace``, ``datastore``) and the
 ``EngineSettings`` field. ``engine_settings`` reads those names from the parsed arguments (``vars(args)``),
 from the LSP settings (``ServerSettings.engine_options()``) or from a benchmark's options.
 
@@ -32,9 +33,6 @@ from specls.api import EngineError
 from specls.engine_settings import EngineSettings
 from specls.lsp.settings import MODEL_OPTIONS, parse_draft_length
 
-# prompt lookup's sources beyond the open buffers (EngineSettings.workspace, .datastore): the CLI's
-# and the engine's names; not LSP settings yet (specls.lsp.settings.ENGINE_FIELDS lists those)
-LOOKUP_OPTIONS = ("workspace", "datastore")
 _NAMES = ("model", "preset", "draft", "datastore")  # None (or ""): not given
 
 
@@ -127,7 +125,7 @@ def add_model_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
 
 
 def _add_lookup_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """The flags of prompt lookup's sources beyond the open buffers (``LOOKUP_OPTIONS``)."""
+    """The flags of prompt lookup's sources beyond the open buffers."""
     p.add_argument(
         "--workspace",
         action="store_true",
@@ -149,7 +147,7 @@ def engine_settings(options: Mapping[str, Any], base: EngineSettings | None = No
     bundled model (or the preset's), no datastore. Raises EngineError for a value out of range."""
     base = base or EngineSettings()
     updates: dict[str, Any] = {}
-    for name in (*MODEL_OPTIONS, *LOOKUP_OPTIONS):
+    for name in MODEL_OPTIONS:
         if name not in options:
             continue
         value = options[name]
@@ -180,4 +178,4 @@ def resolve_threads(threads: int) -> int:
     return auto_threads()
 
 
-__all__ = ["LOOKUP_OPTIONS", "MODEL_OPTIONS", "add_model_arguments", "engine_settings", "resolve_threads"]
+__all__ = ["MODEL_OPTIONS", "add_model_arguments", "engine_settings", "resolve_threads"]

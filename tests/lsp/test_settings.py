@@ -123,3 +123,33 @@ def test_the_old_gamma_key_is_an_unknown_setting(raw):
 def test_a_draft_length_out_of_range_is_reported_and_ignored(value):
     s, problems = parse_settings({"draftLength": value}, ServerSettings(draft_length=7))
     assert s.draft_length == 7 and len(problems) == 1 and "draftLength" in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("raw", "workspace", "datastore"),
+    [
+        ({"workspace": True, "datastore": "stdlib"}, True, "stdlib"),
+        (
+            {"specls": {"workspace": "on", "datastore": " stdlib,site-packages "}},
+            True,
+            "stdlib,site-packages",
+        ),
+        ({"datastore": ""}, False, None),  # an editor's empty setting: no datastore, Not ""
+    ],
+)
+def test_lookup_sources_reach_the_engine(raw, workspace, datastore):
+    from specls.model_options import engine_settings
+
+    s, problems = parse_settings(raw)
+    assert problems == []
+    engine = engine_settings(s.engine_options())
+    assert (engine.workspace, engine.datastore) == (workspace, datastore)
+    assert {"workspace", "datastore"} & set(s.changed_engine_fields(ServerSettings())) == (
+        {"workspace"} if workspace else set()
+    ) | ({"datastore"} if datastore else set())
+
+
+def test_a_bad_lookup_source_is_reported_and_ignored():
+    s, problems = parse_settings({"workspace": "sometimes", "datastore": 3})
+    assert (s.workspace, s.datastore) == (False, None)
+    assert len(problems) == 2

@@ -27,6 +27,8 @@ function readSettings(): Settings {
         draft: c.get<string>('draft', ''),
         maxTokens: c.get<number>('maxTokens', 64),
         draftLength: c.get<number>('draftLength', 12),
+        workspace: c.get<boolean>('workspace', false),
+        datastore: c.get<string>('datastore', ''),
         lineFirst: c.get<boolean>('lineFirst', true),
         typeAhead: c.get<boolean>('typeAhead', true),
         multiline: c.get<string>('multiline', 'auto'),
@@ -218,8 +220,9 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             if (!e.affectsConfiguration('specls')) {
                 return;
             }
-            // the models, typeAhead and draftLength are the engine's: the server applies them when its model loads
-            const engineKeys = ['model', 'preset', 'draft', 'typeAhead', 'draftLength'];
+            // the models, typeAhead, draftLength and the lookup sources are the engine's: the server applies
+            // them when its model loads
+            const engineKeys = ['model', 'preset', 'draft', 'typeAhead', 'draftLength', 'workspace', 'datastore'];
             const restartKeys = ['serverPath', 'teamServer', 'enabledLanguages', ...engineKeys];
             const needsRestart = restartKeys.some((k) => e.affectsConfiguration(`specls.${k}`));
             updateEnabledState();

@@ -12,6 +12,8 @@ export interface Settings {
     draft: string;
     maxTokens: number;
     draftLength: number;
+    workspace: boolean;
+    datastore: string;
     lineFirst: boolean;
     typeAhead: boolean;
     multiline: string;
@@ -133,6 +135,7 @@ export function serverSettings(settings: Settings): Record<string, unknown> {
     const out: Record<string, unknown> = {
         maxTokens: settings.maxTokens,
         draftLength: settings.draftLength,
+        workspace: settings.workspace,
         lineFirst: settings.lineFirst,
         typeAhead: settings.typeAhead,
         multiline: settings.multiline,
@@ -141,6 +144,9 @@ export function serverSettings(settings: Settings): Record<string, unknown> {
     };
     if (settings.model) {
         out.model = settings.model;
+    }
+    if (settings.datastore) {
+        out.datastore = settings.datastore;
     }
     if (settings.preset) {
         out.preset = settings.preset;
