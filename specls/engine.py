@@ -369,6 +369,8 @@ class OnnxEngine:
             "ready": models is not None,
             "drafting_policy": None if models is None else policy_state(self.settings, models).snapshot(),
             "next_edit": None if self._edits is None else self._edits.snapshot(),
+            # the workspace's and the datastores' size and cost; None when lookup uses the buffers only
+            "lookup_sources": None if self._docs.static is None else self._docs.static.stats(),
             "batching": (
                 self._batching.snapshot()
                 if self._batching is not None

@@ -78,3 +78,18 @@ def test_drafting_from_datastores_equals_plain_and_copies_from_them(tmp_path: Pa
     with_ds, accepted_ds = _run(replace(base, datastore=missing_then_store), "a.py")
     assert with_ds == ref
     assert accepted_ds > accepted_buffers
+
+
+def test_stats_say_what_each_source_holds(tmp_path: Path) -> None:
+    tok = fake_models().tokenizer
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "x.py").write_text(SOURCE)
+    build_workspace([tmp_path / "lib" / "x.py"], tok).save(tmp_path / "store")
+    plain = OnnxEngine(EngineSettings(), fake_models())
+    assert plain.stats()["lookup_sources"] is None  # the buffers only: nothing to report
+    engine = OnnxEngine(EngineSettings(datastore=str(tmp_path / "store")), fake_models())
+    engine.update_document("a.py", SOURCE)
+    engine.complete(_request("a.py"))  # the first drafting request opens the sources
+    sources = engine.stats()["lookup_sources"]
+    assert isinstance(sources, dict) and "datastore_open_ms" in sources
+    assert any(isinstance(v, dict) and v.get("tokens", 0) > 0 for v in sources.values()), sources
