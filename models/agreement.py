@@ -245,15 +245,18 @@ def sequence_logits(lm: CausalLM) -> LogitsFn:
     return fn
 
 
-def graph_logits(graph: Path, spec: ModelSpec, threads: int) -> LogitsFn:
+def graph_logits(graph: Path, spec: ModelSpec, threads: int, prepacking: bool = True) -> LogitsFn:
     """ids -> logits [n, vocab] of a fresh sequence through ONNX Runtime on one graph file described by
     ``spec`` (no ``specls.json`` needed: the reference graph of an export before it is finished; a
-    reduced head's ids file must lie next to the graph, see ``models.head``)."""
+    reduced head's ids file must lie next to the graph, see ``models.head``). ``prepacking`` False:
+    the session reads constant weights in place (a low-memory export's mapped external data)."""
     import onnxruntime as ort
     from specls.models import runtime
 
     head_ids = load_head_ids(graph.parent, spec)
     so = runtime.session_options(runtime.RuntimeSettings(threads=threads))  # what serving runs with
+    if not prepacking:
+        so.add_session_config_entry(runtime.NO_PREPACKING, "1")
     sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
     np_dtype = np.float16 if spec.dtype == "fp16" else np.float32
     empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=np_dtype)

@@ -19,7 +19,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -598,48 +598,16 @@ def _stored_reference(
     """The unquantized graph's logits on the agreement windows (those ``agreement_of_dirs`` scores
     the staged candidate on), computed by a session that reads the graph's weights from its mapped
     external data (``low_memory``) and freed before the candidate loads."""
-    from specls.models.agreement import agreement_windows
+    from specls.models.agreement import agreement_windows, graph_logits
 
     tokenizer = Tokenizer.from_file(stage / ref.spec.tokenizer_file)
     windows = [ids for _, ids in agreement_windows(tokenizer.encode, agree, ref.spec.fim)]
-    logits = _mapped_graph_logits(ref.graph, ref.spec, agree.threads)
+    logits = graph_logits(ref.graph, ref.spec, agree.threads, prepacking=False)
     with _mapped_pages_dropped(ref.graph, True):  # left before the session goes with ``logits``
         stored = StoredLogits(logits, windows, spill, lambda n: step("reference", n))
     del logits
     release_freed_memory(collect=True)
     return stored
-
-
-def _mapped_graph_logits(graph: Path, spec: ModelSpec, threads: int) -> Callable[[Sequence[int]], np.ndarray]:
-    """``models.agreement.graph_logits`` with the session reading constant weights in place (no
-    pre-packed copies): ids -> logits [n, vocab] of a fresh sequence."""
-    import onnxruntime as ort
-    from specls.models import runtime
-    from specls.models.head import load_head_ids, scatter_head
-
-    head_ids = load_head_ids(graph.parent, spec)
-    so = runtime.session_options(runtime.RuntimeSettings(threads=threads))  # what serving runs with
-    so.add_session_config_entry(NO_PREPACKING, "1")
-    sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
-    np_dtype = np.float16 if spec.dtype == "fp16" else np.float32
-    empty = np.zeros((1, spec.num_kv_heads, 0, spec.head_dim), dtype=np_dtype)
-    past = dict.fromkeys((*spec.past_key_names, *spec.past_value_names), empty)
-
-    def fn(ids: Sequence[int]) -> np.ndarray:
-        n = len(ids)
-        feed: dict[str, np.ndarray] = {
-            "input_ids": np.asarray(ids, dtype=np.int64)[None, :],
-            "attention_mask": np.ones((1, n), dtype=np.int64),
-        }
-        if spec.uses_position_ids:
-            feed["position_ids"] = np.arange(n, dtype=np.int64)[None, :]
-        if spec.keeps_logits:
-            feed[LOGITS_TO_KEEP] = np.array([n], dtype=np.int64)  # every position is scored
-        feed.update(past)
-        (logits,) = sess.run([spec.logits_name], feed)  # [1, n, head]
-        return scatter_head(np.asarray(logits[0]), head_ids, spec.vocab_size)  # [n, vocab]
-
-    return fn
 
 
 def _log_memory(stage: str) -> None:
@@ -1070,13 +1038,14 @@ def verify_export(
     fed back; compare logits position by position with torch's full-sequence forward (no cache) so
     cache handling is checked too."""
     import onnxruntime as ort
+    from specls.models import runtime
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     graph = out_dir / (onnx_file or spec.onnx_file)
     if options.low_memory:
-        so.add_session_config_entry(NO_PREPACKING, "1")
+        so.add_session_config_entry(runtime.NO_PREPACKING, "1")
     sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
     with _mapped_pages_dropped(graph, options.low_memory):
         diffs, agree = _verify_runs(sess, reference, spec)
@@ -1086,11 +1055,6 @@ def verify_export(
         # fp16 rounding error grows with the logits' magnitude: the tolerance is per 10 units of it
         tol = options.fp16_tolerance * max(1.0, float(np.abs(reference.logits).max()) / 10.0)
     return VerifyResult(max_abs_diff=diffs, argmax_agree=agree, tolerance=tol)
-
-
-# ONNX Runtime's session option that keeps constant MatMul weights where they are (a mapped
-# external data file) instead of copying them into packed buffers in memory
-NO_PREPACKING = "session.disable_prepacking"
 
 
 def _mapped_pages_dropped(graph: Path, low_memory: bool) -> contextlib.AbstractContextManager[Any]:

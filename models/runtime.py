@@ -52,6 +52,9 @@ from specls.memory import release_freed_memory
 log = logging.getLogger(__name__)
 
 PROVIDERS = ("auto", "cpu", "cuda")
+# the session option that keeps constant MatMul weights where they are (a mapped external data file)
+# instead of copying them into packed buffers in memory: a low-memory export's checks use it
+NO_PREPACKING = "session.disable_prepacking"
 
 
 @dataclass(frozen=True)
