@@ -526,8 +526,6 @@ def _quantize_dir(
 ) -> None:
     """Quantize ``graphs`` of ``out_dir`` into a staging dir, check the main graph's agreement with
     the unquantized one on held-out code, then replace the unquantized graphs by the quantized ones."""
-    from specls.models.agreement import agreement_of_dirs
-
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".quantize-") as tmp:
         stage = Path(tmp)
         for i, graph in enumerate(graphs):
@@ -544,48 +542,67 @@ def _quantize_dir(
             shutil.copyfile(out_dir / name, stage / name)
         spec.write(stage)
         if options.verify:
-            agree = options.agreement
-            progress("the unquantized graph's logits on held-out code", 0.75)
-
-            def step(phase: str, n: int) -> None:
-                what = "the unquantized graph's logits" if phase == "reference" else "comparing with it"
-                progress(
-                    f"{what} on held-out code ({n}/{agree.positions})",
-                    0.75 + 0.1 * (phase != "reference") + 0.1 * min(1.0, n / max(1, agree.positions)),
-                )
-
-            # the unquantized graph's logits first, then the quantized graph alone: never both sessions
-            ref: Any = ReferenceGraph(out_dir / spec.onnx_file, spec)
-            with tempfile.TemporaryDirectory(dir=out_dir, prefix=".reference-") as spill:
-                try:
-                    if options.low_memory:
-                        ref = _stored_reference(ref, stage, agree, step, Path(spill))
-                    result = agreement_of_dirs(ref, stage, agree, step, spill_dir=out_dir)
-                except ValueError as exc:
-                    raise fail(f"{stage / spec.onnx_file}: {exc}") from None
-            release_freed_memory(collect=True)
-            _log_memory("agreement measured")
-            report["agreement"] = asdict(result)
-            report["agreement_floor"] = agree.min_top1
-            log.info("%s vs unquantized: %s", spec.onnx_file, result.summary())
-            if not result.worst_top1 >= agree.min_top1:
-                for graph in graphs:  # neither the unquantized nor the quantized graph stays
-                    for f in out_dir.glob(f"{graph}*"):
-                        f.unlink()
-                where = "FIM-prompt" if result.worst_top1 != result.top1 else "held-out"
-                npos = result.fim_positions if where == "FIM-prompt" else result.positions
-                raise fail(
-                    f"{out_dir}: the {quant.bits}-bit graph agrees with the unquantized one on only "
-                    f"{100 * result.worst_top1:.1f}% of {npos} {where} positions (floor "
-                    f"{100 * agree.min_top1:.0f}%; mean KL {result.mean_kl:.4f}, mean |Δlogit| "
-                    f"{result.mean_abs_dlogit:.3f}); {SPEC_FILE} was not written"
-                )
+            _check_agreement(out_dir, stage, spec, graphs, quant, options, report, progress, fail)
         for graph in graphs:
             for f in out_dir.glob(f"{graph}*"):
                 f.unlink()
         for f in stage.iterdir():
             if f.name != SPEC_FILE and f.name not in kept:
                 shutil.move(str(f), out_dir / f.name)
+
+
+def _check_agreement(
+    out_dir: Path,
+    stage: Path,
+    spec: ModelSpec,
+    graphs: list[str],
+    quant: QuantizeOptions,
+    options: ExportOptions,
+    report: dict[str, Any],
+    progress: Progress,
+    fail: Callable[[str], ExportError],
+) -> None:
+    """The staged quantized graph against the unquantized one on held-out code (the unquantized
+    graph's logits first, then the quantized graph alone: never both sessions); below the floor
+    neither graph stays and the export fails."""
+    from specls.models.agreement import agreement_of_dirs
+
+    agree = options.agreement
+    progress("the unquantized graph's logits on held-out code", 0.75)
+
+    def step(phase: str, n: int) -> None:
+        what = "the unquantized graph's logits" if phase == "reference" else "comparing with it"
+        progress(
+            f"{what} on held-out code ({n}/{agree.positions})",
+            0.75 + 0.1 * (phase != "reference") + 0.1 * min(1.0, n / max(1, agree.positions)),
+        )
+
+    # the unquantized graph's logits first, then the quantized graph alone: never both sessions
+    ref: Any = ReferenceGraph(out_dir / spec.onnx_file, spec)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".reference-") as spill:
+        try:
+            if options.low_memory:
+                ref = _stored_reference(ref, stage, agree, step, Path(spill))
+            result = agreement_of_dirs(ref, stage, agree, step, spill_dir=out_dir)
+        except ValueError as exc:
+            raise fail(f"{stage / spec.onnx_file}: {exc}") from None
+    release_freed_memory(collect=True)
+    _log_memory("agreement measured")
+    report["agreement"] = asdict(result)
+    report["agreement_floor"] = agree.min_top1
+    log.info("%s vs unquantized: %s", spec.onnx_file, result.summary())
+    if not result.worst_top1 >= agree.min_top1:
+        for graph in graphs:  # neither the unquantized nor the quantized graph stays
+            for f in out_dir.glob(f"{graph}*"):
+                f.unlink()
+        where = "FIM-prompt" if result.worst_top1 != result.top1 else "held-out"
+        npos = result.fim_positions if where == "FIM-prompt" else result.positions
+        raise fail(
+            f"{out_dir}: the {quant.bits}-bit graph agrees with the unquantized one on only "
+            f"{100 * result.worst_top1:.1f}% of {npos} {where} positions (floor "
+            f"{100 * agree.min_top1:.0f}%; mean KL {result.mean_kl:.4f}, mean |Δlogit| "
+            f"{result.mean_abs_dlogit:.3f}); {SPEC_FILE} was not written"
+        )
 
 
 def _stored_reference(

@@ -371,16 +371,20 @@ class OnnxEngine:
             "next_edit": None if self._edits is None else self._edits.snapshot(),
             # the workspace's and the datastores' size and cost; None when lookup uses the buffers only
             "lookup_sources": None if self._docs.static is None else self._docs.static.stats(),
-            "batching": (
-                self._batching.snapshot()
-                if self._batching is not None
-                else {"enabled": False, "max_batch": self.settings.batching.max_batch}
-            ),
+            "batching": _batching_stats(self._batching, self.settings),
         }
 
     def with_settings(self, settings: EngineSettings) -> OnnxEngine:
         """A new engine sharing this one's loaded models (documents, caches and stats are its own)."""
         return OnnxEngine(settings, self.models, self.next_edit_settings)
+
+
+def _batching_stats(batching: EngineBatching | None, settings: EngineSettings) -> dict[str, object]:
+    return (
+        batching.snapshot()
+        if batching is not None
+        else {"enabled": False, "max_batch": settings.batching.max_batch}
+    )
 
 
 def result_to_dict(result: CompletionResult) -> dict[str, Any]:
