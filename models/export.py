@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from specls.models.agreement import AgreementOptions, ReferenceGraph, StoredLogits
+from specls.models.agreement import AgreementOptions, AgreementResult, ReferenceGraph, StoredLogits
 from specls.models.fim import NO_FIM, PRESETS, FimTemplate, detect_template, fit_template
 from specls.models.gguf import (
     GgufError,
@@ -542,7 +542,10 @@ def _quantize_dir(
             shutil.copyfile(out_dir / name, stage / name)
         spec.write(stage)
         if options.verify:
-            _check_agreement(out_dir, stage, spec, graphs, quant, options, report, progress, fail)
+            result = _measure_agreement(out_dir, stage, spec, options, progress, fail)
+            below = _hold_the_floor(result, options.agreement.min_top1, quant.bits, graphs, out_dir, report)
+            if below is not None:
+                raise fail(below)
         for graph in graphs:
             for f in out_dir.glob(f"{graph}*"):
                 f.unlink()
@@ -551,20 +554,16 @@ def _quantize_dir(
                 shutil.move(str(f), out_dir / f.name)
 
 
-def _check_agreement(
+def _measure_agreement(
     out_dir: Path,
     stage: Path,
     spec: ModelSpec,
-    graphs: list[str],
-    quant: QuantizeOptions,
     options: ExportOptions,
-    report: dict[str, Any],
     progress: Progress,
     fail: Callable[[str], ExportError],
-) -> None:
-    """The staged quantized graph against the unquantized one on held-out code (the unquantized
-    graph's logits first, then the quantized graph alone: never both sessions); below the floor
-    neither graph stays and the export fails."""
+) -> AgreementResult:
+    """The staged quantized graph against the unquantized one on held-out code: the unquantized
+    graph's logits first, then the quantized graph alone, never both sessions."""
     from specls.models.agreement import agreement_of_dirs
 
     agree = options.agreement
@@ -577,7 +576,6 @@ def _check_agreement(
             0.75 + 0.1 * (phase != "reference") + 0.1 * min(1.0, n / max(1, agree.positions)),
         )
 
-    # the unquantized graph's logits first, then the quantized graph alone: never both sessions
     ref: Any = ReferenceGraph(out_dir / spec.onnx_file, spec)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".reference-") as spill:
         try:
@@ -588,21 +586,30 @@ def _check_agreement(
             raise fail(f"{stage / spec.onnx_file}: {exc}") from None
     release_freed_memory(collect=True)
     _log_memory("agreement measured")
-    report["agreement"] = asdict(result)
-    report["agreement_floor"] = agree.min_top1
     log.info("%s vs unquantized: %s", spec.onnx_file, result.summary())
-    if not result.worst_top1 >= agree.min_top1:
-        for graph in graphs:  # neither the unquantized nor the quantized graph stays
-            for f in out_dir.glob(f"{graph}*"):
-                f.unlink()
-        where = "FIM-prompt" if result.worst_top1 != result.top1 else "held-out"
-        npos = result.fim_positions if where == "FIM-prompt" else result.positions
-        raise fail(
-            f"{out_dir}: the {quant.bits}-bit graph agrees with the unquantized one on only "
-            f"{100 * result.worst_top1:.1f}% of {npos} {where} positions (floor "
-            f"{100 * agree.min_top1:.0f}%; mean KL {result.mean_kl:.4f}, mean |Δlogit| "
-            f"{result.mean_abs_dlogit:.3f}); {SPEC_FILE} was not written"
-        )
+    return result
+
+
+def _hold_the_floor(
+    result: AgreementResult, floor: float, bits: int, graphs: list[str], out_dir: Path, report: dict[str, Any]
+) -> str | None:
+    """Record ``result``; below ``floor`` neither the unquantized nor the quantized graphs stay, and
+    the reason is returned (the caller fails with it)."""
+    report["agreement"] = asdict(result)
+    report["agreement_floor"] = floor
+    if result.worst_top1 >= floor:
+        return None
+    for graph in graphs:
+        for f in out_dir.glob(f"{graph}*"):
+            f.unlink()
+    where = "FIM-prompt" if result.worst_top1 != result.top1 else "held-out"
+    npos = result.fim_positions if where == "FIM-prompt" else result.positions
+    return (
+        f"{out_dir}: the {bits}-bit graph agrees with the unquantized one on only "
+        f"{100 * result.worst_top1:.1f}% of {npos} {where} positions (floor "
+        f"{100 * floor:.0f}%; mean KL {result.mean_kl:.4f}, mean |Δlogit| "
+        f"{result.mean_abs_dlogit:.3f}); {SPEC_FILE} was not written"
+    )
 
 
 def _stored_reference(
