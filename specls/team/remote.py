@@ -217,7 +217,7 @@ class RemoteEngine:
             return no_next_edit(request, "cancelled", provider="remote")
         # the server leaves out the stop string it ended at: "stop" is an ended output
         ended = reply.finish == "stop"
-        rewritten = layout.parse(reply.text + (layout.end_markers[0] if ended else ""))
+        rewritten = layout.parse(reply.text + (layout.end_markers[0] if ended else ""), after=r.after)
         decode = DecodeResult(tokens=[], decode_ms=(time.perf_counter() - t0) * 1000)
         result = NextEditResult(
             (), r.region, rewritten, reply.tokens(), reply.stop_reason(), decode=decode, layout=layout.name

@@ -75,3 +75,18 @@ def test_the_edit_prompt_is_sent_as_a_completion(backend: Backend) -> None:
     backend.finish, backend.text = "stop", BEFORE
     assert engine.next_edit(request).dropped == "undo"
     assert engine.next_edit(request, cancelled=lambda: True).cancelled
+
+
+def test_an_answer_that_runs_on_into_the_file_after_the_region_ends_there(backend: Backend) -> None:
+    engine = RemoteEngine(RemoteSettings(backend.url, stream=False))
+    engine.load()
+    tail = "".join(f"\n\ndef other_{i}(x):\n    return x + {i}\n" for i in range(12))
+    base = rename_request()
+    request = type(base)(base.doc_id, AFTER + tail, base.line, base.character, base.history)
+    _, rendered = sweep_prompt(request)
+    assert rendered.after  # the region ends inside the file
+    region = rendered.region_text.replace("return w * h\n", "return width * h\n", 1)
+    # the model rewrote the region and went on copying the file until the budget cut it
+    backend.text, backend.finish = region + rendered.after + "def more", "length"
+    result = engine.next_edit(request)
+    assert result.dropped == "" and [e.text for e in result.edits] == ["idth"]  # Not "malformed"
