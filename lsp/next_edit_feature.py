@@ -268,7 +268,10 @@ class NextEdits:
             return empty()
         suggestion_id = self._offer(doc.uri)
         counters.answered += 1
-        return {"edits": [_item(doc, merged[0], merged[1], suggestion_id)]}
+        item = _item(doc, merged[0], merged[1], suggestion_id)
+        if result.confidence is not None:
+            item["confidence"] = round(result.confidence, 3)  # a client may rank or hide by it
+        return {"edits": [item]}
 
     def _engine_request(self, doc: Document, line: int, character: int) -> NextEditRequest:
         last = self.history.last(doc.uri)

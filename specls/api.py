@@ -209,6 +209,9 @@ class NextEditResult(DecodeCounts):
     layout: str = ""
     prefix_reused_tokens: int = 0
     provider: str = "cpu"
+    # the edits' confidence: their least sure changed token's top-1/top-2 logit margin
+    # (specls.next_edit.confidence); None where none was measured
+    confidence: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         """Plain JSON-able data: ``specls next-edit --json``'s object (edits as LSP ``TextEdit``s).
@@ -235,6 +238,7 @@ class NextEditResult(DecodeCounts):
             "prefill_tokens": self.prefill_tokens,
             "prefix_reused_tokens": self.prefix_reused_tokens,
             "provider": self.provider,
+            "confidence": self.confidence,
         }
 
 

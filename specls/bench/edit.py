@@ -127,8 +127,9 @@ class Quality:
     false_edit: int = 0
     undo: int = 0
     malformed: int = 0
-    # each shown edit: (its least sure changed token's margin, whether it was the expected edit)
-    shown: list[tuple[float, bool]] = field(default_factory=list)
+    # each shown edit: (its least sure changed token's margin, whether it was the expected edit, the
+    # similarity of its changed lines to the expected ones: 0 for a false edit)
+    shown: list[tuple[float, bool, float]] = field(default_factory=list)
 
     def add(self, task: EditTask, r: NextEditResult, confidence: EditConfidence | None = None) -> None:
         self.undo += int(r.undone > 0)
@@ -138,7 +139,7 @@ class Quality:
             self.far += 1
             self.false_edit += int(bool(r.edits))
             if r.edits:
-                self.shown.append((margin, False))
+                self.shown.append((margin, False, 0.0))
             return
         self.near += 1
         if not r.edits:
@@ -146,9 +147,10 @@ class Quality:
             return
         got = apply_edits(task.text, r.edits)
         self.exact += int(got == task.expected)
-        self.shown.append((margin, got == task.expected))
         a, b = _changed(task.text, got), _changed(task.text, task.expected)
-        self.similarity += difflib.SequenceMatcher(None, "\n".join(a), "\n".join(b)).ratio()
+        similarity = difflib.SequenceMatcher(None, "\n".join(a), "\n".join(b)).ratio()
+        self.similarity += similarity
+        self.shown.append((margin, got == task.expected, similarity))
 
     def summary(self) -> dict[str, Any]:
         def pct(x: float, n: int) -> float | None:
@@ -164,25 +166,64 @@ class Quality:
             "undo_pct": pct(self.undo, self.near + self.far),
             "malformed_pct": pct(self.malformed, self.near + self.far),
             "show_rule": show_rule(self.shown, self.near + self.far),
+            "show_bars": show_bars(self.shown, self.near + self.far),
         }
 
 
-def show_rule(shown: list[tuple[float, bool]], tasks: int) -> list[dict[str, Any]]:
-    """Precision against coverage of the rule "show an edit when its ``min_margin`` is at least m",
-    for m at each shown edit's margin (the surest first): shown edits, exact ones among them.
+SIMILAR = 0.8  # a shown edit this similar to the expected one counts as nearly right
 
-    >>> [(r["min_margin"], r["shown"], r["precision_pct"]) for r in show_rule([(2.0, True), (0.5, False)], 4)]
-    [(2.0, 1, 100.0), (0.5, 2, 50.0)]
+
+def show_rule(shown: list[tuple[float, bool, float]], tasks: int) -> list[dict[str, Any]]:
+    """Precision against coverage of the rule "show an edit when its ``min_margin`` is at least m",
+    for m at each shown edit's margin (the surest first): shown edits, exact ones among them, and
+    nearly right ones (changed lines at least ``SIMILAR`` alike, exact ones included).
+
+    >>> rows = show_rule([(2.0, True, 1.0), (0.5, False, 0.9)], 4)
+    >>> [(r["min_margin"], r["shown"], r["precision_pct"], r["similar_precision_pct"]) for r in rows]
+    [(2.0, 1, 100.0, 100.0), (0.5, 2, 50.0, 100.0)]
     """
-    rows, hits = [], 0
-    for n, (margin, exact) in enumerate(sorted(shown, key=lambda x: -x[0]), start=1):
+    rows, hits, near = [], 0, 0
+    for n, (margin, exact, similarity) in enumerate(sorted(shown, key=lambda x: -x[0]), start=1):
         hits += int(exact)
+        near += int(exact or similarity >= SIMILAR)
         rows.append(
             {
                 "min_margin": round(margin, 3),
                 "shown": n,
                 "exact": hits,
                 "precision_pct": round(100.0 * hits / n, 1),
+                "similar": near,
+                "similar_precision_pct": round(100.0 * near / n, 1),
+                "coverage_pct": round(100.0 * n / tasks, 1) if tasks else None,
+            }
+        )
+    return rows
+
+
+SHOW_BARS = (None, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0)  # the bars show_bars sweeps (None: show all)
+
+
+def show_bars(shown: list[tuple[float, bool, float]], tasks: int) -> list[dict[str, Any]]:
+    """``show_rule`` at fixed bars (``SHOW_BARS``): for each, the edits shown and the exact and nearly
+    right ones among them, so that runs can be compared and a default bar picked from them.
+
+    >>> [(r["bar"], r["shown"], r["exact"]) for r in show_bars([(2.5, True, 1.0), (0.7, False, 0.2)], 4)][:4]
+    [(None, 2, 1), (0.5, 2, 1), (1.0, 1, 1), (2.0, 1, 1)]
+    """
+    rows = []
+    for bar in SHOW_BARS:
+        kept = [x for x in shown if bar is None or x[0] >= bar]
+        exact = sum(int(e) for _, e, _ in kept)
+        similar = sum(int(e or sim >= SIMILAR) for _, e, sim in kept)
+        n = len(kept)
+        rows.append(
+            {
+                "bar": bar,
+                "shown": n,
+                "exact": exact,
+                "similar": similar,
+                "precision_pct": round(100.0 * exact / n, 1) if n else None,
+                "similar_precision_pct": round(100.0 * similar / n, 1) if n else None,
                 "coverage_pct": round(100.0 * n / tasks, 1) if tasks else None,
             }
         )
@@ -257,9 +298,10 @@ def format_table(data: dict[str, Any]) -> str:
             f"of {q['far_tasks']} far, undo {q['undo_pct']}%, malformed {q['malformed_pct']}%"
         )
         lines += [
-            f"  show if min margin >= {x['min_margin']}: {x['shown']} shown, {x['exact']} exact "
-            f"({x['precision_pct']}% precision, {x['coverage_pct']}% of tasks)"
-            for x in q["show_rule"]
+            f"  show if min margin >= {x['bar']}: {x['shown']} shown, {x['exact']} exact "
+            f"({x['precision_pct']}% precision), {x['similar']} similar >= {SIMILAR} "
+            f"({x['similar_precision_pct']}%), {x['coverage_pct']}% of tasks"
+            for x in q["show_bars"]
         ]
         lines.append(
             f"  {'arm':8s} {'tok/pass':>8s} {'tok/s':>8s} {'p50 ms':>9s} {'mean ms':>9s} {'=plain%':>8s}"

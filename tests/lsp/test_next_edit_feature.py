@@ -4,6 +4,7 @@ engine's edits become one item."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from lsprotocol import types
@@ -92,6 +93,25 @@ async def test_the_request_carries_the_edit_history_of_every_open_document() -> 
     await session.next_edits.request(params(URI, None, 0, 0))  # no version: taken as the current one
     assert [d.path for d in engine.requests[-1].history] == ["/w/pkg/a.py"]
     assert engine.requests[-1].context_docs == ()
+
+
+class ConfidentEngine(RecordingEngine):
+    """Its edits come with the confidence the engine measured on them."""
+
+    def next_edit(self, request: NextEditRequest, cancelled: CancelCheck = never_cancelled) -> NextEditResult:
+        result = super().next_edit(request, cancelled)
+        return replace(result, confidence=3.14159) if result.edits else result
+
+
+async def test_a_shown_edit_carries_its_confidence() -> None:
+    session = session_with(ConfidentEngine())
+    open_doc(session, URI, TEXT)
+    (item,) = (await session.next_edits.request(params(URI, 1, 0, 0)))["edits"]
+    assert item["confidence"] == 3.142 and item["text"] == "x, y"
+    plain = session_with(RecordingEngine())  # none measured: no field
+    open_doc(plain, URI, TEXT)
+    (item,) = (await plain.next_edits.request(params(URI, 1, 0, 0)))["edits"]
+    assert "confidence" not in item
 
 
 async def test_not_ready_and_languages_answer_empty() -> None:

@@ -103,6 +103,11 @@ def test_the_show_rule_trades_coverage_for_precision() -> None:
     rule = [(r["min_margin"], r["shown"], r["exact"], r["precision_pct"]) for r in s["show_rule"]]
     assert rule == [(9.0, 1, 1, 100.0), (0.2, 2, 1, 50.0), (0.2, 3, 1, 33.3)]
     assert s["show_rule"][0]["coverage_pct"] == 25.0 and s["malformed_pct"] == 25.0
+    # the fixed bars: all three shown with no bar, only the sure one from a bar of 0.5 on
+    bars = {r["bar"]: (r["shown"], r["exact"], r["precision_pct"]) for r in s["show_bars"]}
+    assert bars[None] == (3, 1, 33.3) and bars[0.5] == (1, 1, 100.0) and bars[8.0] == (1, 1, 100.0)
+    # the wrong near edit changed one character of the expected line: nearly right, not exact
+    assert s["show_rule"][-1]["similar"] == 2 and s["show_bars"][0]["similar"] == 2  # with the exact one
 
 
 def test_bench_on_the_bundled_pair_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
