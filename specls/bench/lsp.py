@@ -696,6 +696,14 @@ def _print_next_edit(report: dict[str, Any]) -> None:
         f"server next edits: answered {srv.get('answered')}  cancelled {srv.get('cancelled')}  "
         f"stale dropped {srv.get('stale_dropped')}  tokens wasted {srv.get('tokens_wasted')}"
     )
+    recent = report.get("engine", {}).get("next_edit", {}).get("recent_requests") or []
+    if recent:
+        prefill = sorted(float(r["prefill_tokens"]) for r in recent)
+        ms = sorted(float(r["prefill_ms"]) for r in recent)
+        print(
+            f"next edit prefill per request: tokens p50 {prefill[len(prefill) // 2]:.0f}  ms p50 "
+            f"{ms[len(ms) // 2]:.0f}  max {ms[-1]:.0f}  (n={len(recent)})"
+        )
     k, w = report["keystroke_to_result_ms"], report["without_next_edits"]["keystroke_to_result_ms"]
     print(
         f"completions keystroke->result  with next edits p50 {k['p50']:.1f} ms  p95 {k['p95']:.1f} ms  |  "

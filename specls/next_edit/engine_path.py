@@ -9,14 +9,16 @@ budget, a deadline or a cancel) or edits that only undo. The output is plain gre
 prompt whatever drafts: the core invariant tests hold this path to it.
 
 Each document keeps its edit prompt's KV (apart from its completions' KV, which a prompt of another
-shape would evict) for the ``kv_documents`` documents asked most recently, so successive requests
-re-prefill from their first changed token only.
+shape would evict) for the ``kv_documents`` documents asked most recently, and the file view its
+last prompt showed (``request_prompt.FileView``), so successive requests share the prompt up to the
+region and re-prefill from their first changed token only.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass, replace
 
 from specls.api import EngineError, NextEditRequest, NextEditResult, no_next_edit
@@ -35,7 +37,7 @@ from specls.loading import LoadedModels
 from specls.next_edit.confidence import EditConfidence, changed_positions, confidence_of
 from specls.next_edit.edits import suggested_edits
 from specls.next_edit.layouts import EditLayout, get_layout, layout_for_model
-from specls.next_edit.request_prompt import EditJob, build_job
+from specls.next_edit.request_prompt import EditJob, FileView, build_job
 from specls.next_edit.settings import NextEditSettings
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,10 @@ def end_marker_ids(layout: EditLayout, models: LoadedModels) -> frozenset[int]:
     """The layout's end markers that are one token of the model's vocabulary (an eos for the decode)."""
     ids = (models.tokenizer.token_to_id(m) for m in layout.end_markers)
     return frozenset(i for i in ids if i is not None)
+
+
+RECENT_KEPT = 64  # requests whose prompt and prefill the stats list
+VIEWS_KEPT = 16  # documents whose file view is kept
 
 
 @dataclass
@@ -91,6 +97,11 @@ class EditPath:
         self.last_prompt: list[int] = []
         self.last_tokens: list[int] = []
         self.last_confidence: EditConfidence | None = None  # of the last request's edits
+        # each recent request's prompt size, what its KV reused and what it cost (the stats' view of
+        # how well the prompt's stable part is kept between requests)
+        self.recent: deque[dict[str, object]] = deque(maxlen=RECENT_KEPT)
+        # each document's file view (request_prompt.FileView), the most recently asked last
+        self._views: dict[str, FileView] = {}
 
     def layout(self, request: NextEditRequest) -> EditLayout:
         name = request.layout or self.edit.layout or model_layout(self.models)
@@ -101,6 +112,7 @@ class EditPath:
 
     def close_document(self, doc_id: str) -> None:
         self._docs.close(doc_id)
+        self._views.pop(doc_id, None)
 
     def run(
         self, request: NextEditRequest, buffers: BufferIndex | None, cancelled: CancelCheck
@@ -109,9 +121,14 @@ class EditPath:
         if cancelled():
             return no_next_edit(request, "cancelled", provider)
         layout = self.layout(request)
-        job = build_job(request, layout, self.models.tokenizer, self.edit, self.models.max_positions)
+        view = self._views.pop(request.doc_id, None)
+        job = build_job(request, layout, self.models.tokenizer, self.edit, self.models.max_positions, view)
         if job is None:
             return no_next_edit(request, "no_room", provider)
+        if job.view is not None:
+            self._views[request.doc_id] = job.view
+            while len(self._views) > VIEWS_KEPT:
+                del self._views[next(iter(self._views))]
         state = self._docs.get(request.doc_id)
         cache = prefix_cache(self.models.target, state, job.prompt, self.settings.prefix_reuse)
         kept = cache.length
@@ -129,9 +146,11 @@ class EditPath:
         reused = min(kept, len(job.prompt) - 1) if out.prefill_tokens or out.target_passes else 0
         result = self._result(request, job, out, stop.text, reused)
         self.last_confidence = self._confidence(state, cache, job, out) if result.edits else None
+        if self.last_confidence is not None:
+            result = replace(result, confidence=self.last_confidence.min_margin)
         if self._unsure(self.last_confidence):
             result = replace(result, edits=(), dropped="unsure")
-        self._count(result)
+        self._count(result, len(job.prompt))
         return result
 
     def _drafter(self, state: DocState, buffers: BufferIndex | None, job: EditJob) -> PlannedDrafter | None:
@@ -237,8 +256,20 @@ class EditPath:
         bar = self.edit.min_margin
         return bar is not None and c is not None and c.min_margin < bar
 
-    def _count(self, r: NextEditResult) -> None:
+    def _count(self, r: NextEditResult, prompt_tokens: int) -> None:
+        record = {
+            "prompt_tokens": prompt_tokens,
+            "reused_tokens": r.prefix_reused_tokens,
+            "prefill_tokens": r.prefill_tokens,
+            "prefill_ms": round(r.prefill_ms, 1),
+            "decode_ms": round(r.decode_ms, 1),
+            "tokens": r.tokens,
+            "target_passes": r.target_passes,
+            "dropped": r.dropped,
+        }
+        log.info("next edit: %s", record)
         with self._lock:
+            self.recent.append(record)
             c = self.counters
             c.requests += 1
             c.shown += int(bool(r.edits))
@@ -251,4 +282,10 @@ class EditPath:
         with self._lock:
             c = self.counters
             counts = {k: getattr(c, k) for k in c.__dataclass_fields__}
-        return {**counts, "documents": len(self._docs), "drafting_policy": self.policy.snapshot()}
+            recent = list(self.recent)
+        return {
+            **counts,
+            "documents": len(self._docs),
+            "recent_requests": recent,
+            "drafting_policy": self.policy.snapshot(),
+        }

@@ -66,6 +66,24 @@ class EditPrompt:
     history: Sequence[EditDiff] = ()
     region_before: str | None = None
     context_files: Sequence[tuple[str, str]] = ()
+    # the file's 0-based line number where ``prefix`` starts (the layouts name lines as the file does)
+    first_line: int = 0
+    # the file as the prompt shows it: a window of it as it was a few requests ago (kept while the
+    # cursor stays in it, so successive prompts share it and its KV: ``request_prompt.FileView``),
+    # from 0-based line ``view_line``; None: ``prefix + region + suffix`` now
+    view: str | None = None
+    view_line: int = 0
+
+    @property
+    def region_line(self) -> int:
+        """The region's first line in the file (0-based)."""
+        return self.first_line + self.prefix.count("\n")
+
+    def file_view(self) -> tuple[str, int]:
+        """(the file's text the prompt shows, its first line, 0-based)."""
+        if self.view is None:
+            return self.prefix + self.region + self.suffix, self.first_line
+        return self.view, self.view_line
 
 
 def _chomp(text: str) -> str:
@@ -190,7 +208,7 @@ class SweepLayout(EditLayout):
         for path, text in p.context_files:
             parts += [f"{FILE_SEP}{path}", _chomp(text)]
         if self.file_context:
-            parts += [f"{FILE_SEP}{p.path}", _chomp(p.prefix + p.region + p.suffix)]
+            parts += [f"{FILE_SEP}{p.path}", _chomp(p.file_view()[0])]
         for d in p.history:
             if d.old != d.new:
                 parts += [f"{FILE_SEP}{d.path}.diff", "original:", _chomp(d.old), "updated:", _chomp(d.new)]
@@ -215,17 +233,19 @@ CHAT_INSTRUCTIONS = (
     "unchanged. Reply with the rewritten region only, in one code block, without the markers."
 )
 SNIPPET_INSTRUCTIONS = (
-    "Apply to the code block above the next edit that the recent edits imply (the same change at "
-    "the next place it fits). If they imply none there, return the block unchanged. Reply with the "
-    "whole block only, in one code block."
+    "Below are a code block of this file as it is now and the programmer's recent edits. Apply to "
+    "the code block the next edit that the recent edits imply (the same change at the next place it "
+    "fits). If they imply none there, return the block unchanged. Reply with the whole block only, "
+    "in one code block."
 )
 FENCE = "```"
 
 
-def _chat(user: str) -> str:
-    """Qwen2.5's chat template with the reply started by a code fence: its output is code."""
+def _chat(user: str, examples: str = "") -> str:
+    """Qwen2.5's chat template with the reply started by a code fence: its output is code.
+    ``examples``: earlier turns (worked examples) between the system prompt and the request."""
     return (
-        f"<|im_start|>system\n{CHAT_SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+        f"<|im_start|>system\n{CHAT_SYSTEM}<|im_end|>\n{examples}<|im_start|>user\n{user}<|im_end|>\n"
         f"<|im_start|>assistant\n{FENCE}\n"
     )
 
@@ -282,32 +302,73 @@ class ChatRewriteLayout(EditLayout):
 
 
 class ChatSnippetLayout(ChatRewriteLayout):
-    """Zero-shot for instruct models, the region as a code block of its own: the recent edits, the
-    file around it (the cursor marked), then the region alone in a block and the instruction to
-    return that block with the next edit applied. The reply copies a block the model has just read,
-    start to end, so it starts on the region's first token (the region drafter aligned from the
-    first pass) and it knows where the block ends (the closing fence, or the end of its turn).
+    """Zero-shot for instruct models, the region as a code block of its own. The prompt's stable part
+    comes first: the file (``EditPrompt.file_view``: a window kept across requests) and the
+    instructions; then what changes as the user types: the block to edit (the region now), the recent
+    edits and the cursor's line. Successive requests of a document so share the prompt up to the
+    region, and re-prefill only it and what follows (docs/next-edit.md, "The prompt's KV"). The reply
+    copies a block the model has just read, start to end, so it starts on the region's first token
+    (the region drafter aligned from the first pass) and it knows where the block ends (the closing
+    fence, or the end of its turn).
 
-    >>> text = SNIPPET.render(EditPrompt("a.py", "a\\n", "b\\n", "c\\n", cursor=1))
-    >>> "a\\nb<|cursor|>\\nc\\n```" in text, "(lines 2-2 of the file above):\\n```\\nb\\n```" in text
+    >>> text = SNIPPET.render(EditPrompt("a.py", "a\n", "b\n", "c\n", cursor=1))
+    >>> "lines 1-3:\n```\na\nb\nc\n```" in text, "(lines 2-2 of a.py as it is now):\n```\nb\n```" in text
     (True, True)
-    >>> text.endswith("<|im_start|>assistant\\n```\\n")
+    >>> text.endswith("The cursor is on line 2.<|im_end|>\n<|im_start|>assistant\n```\n")
     True
     """
 
     name = "chat-snippet"
 
     def render(self, p: EditPrompt) -> str:
-        cursor = min(max(p.cursor, 0), len(p.region))
-        marked = _line(p.region[:cursor] + CURSOR + p.region[cursor:])
-        first = p.prefix.count("\n") + 1
+        return _chat(self.user_turn(p), self.examples())
+
+    def examples(self) -> str:
+        """Worked examples as earlier chat turns before the request ("": zero-shot)."""
+        return ""
+
+    def user_turn(self, p: EditPrompt) -> str:
+        view, view_line = p.file_view()
+        last_view = view_line + max(1, len(view.splitlines()))
+        first = p.region_line + 1
         last = first + max(1, len(p.region.splitlines())) - 1
-        user = (
-            f"{_edits_block(p)}File {p.path}:\n{FENCE}\n{p.prefix}{marked}{_line(p.suffix)}{FENCE}\n\n"
-            f"The code block to edit (lines {first}-{last} of the file above):\n{FENCE}\n{_line(p.region)}"
-            f"{FENCE}\n\n{SNIPPET_INSTRUCTIONS}"
+        cursor = min(max(p.cursor, 0), len(p.region))
+        return (
+            f"File {p.path}, lines {view_line + 1}-{last_view}:\n{FENCE}\n{_line(view)}{FENCE}\n\n"
+            f"{SNIPPET_INSTRUCTIONS}\n\n"
+            f"The code block to edit (lines {first}-{last} of {p.path} as it is now):\n{FENCE}\n"
+            f"{_line(p.region)}{FENCE}\n\n{_edits_block(p)}"
+            f"The cursor is on line {first + p.region[:cursor].count(chr(10))}."
         )
-        return _chat(user)
+
+
+EXAMPLE = EditPrompt(
+    "shapes.py",
+    "",
+    "def perimeter(w, h):\n    return 2 * (w + h)\n",
+    "",
+    history=[EditDiff("shapes.py", "def area(w, h):\n", "def area(w: float, h: float) -> float:\n")],
+    first_line=4,
+    view="def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n",
+)
+EXAMPLE_REPLY = "def perimeter(w: float, h: float) -> float:\n    return 2 * (w + h)\n"
+
+
+class ChatFewShotLayout(ChatSnippetLayout):
+    """``chat-snippet`` with one worked example before the request (a user turn in the same layout
+    and its answer): an annotation added to one function, the same annotation on the next one. The
+    example is part of the prompt's stable start, so its KV is kept as the rest of it is.
+
+    >>> text = FEW_SHOT.render(EditPrompt("a.py", "", "b\n", ""))
+    >>> text.count("<|im_start|>user"), "def perimeter(w: float, h: float) -> float:" in text
+    (2, True)
+    """
+
+    name = "chat-fewshot"
+
+    def examples(self) -> str:
+        reply = f"{FENCE}\n{EXAMPLE_REPLY}{FENCE}"
+        return f"<|im_start|>user\n{self.user_turn(EXAMPLE)}<|im_end|>\n<|im_start|>assistant\n{reply}<|im_end|>\n"
 
 
 class FimRewriteLayout(EditLayout):
@@ -334,7 +395,7 @@ class FimRewriteLayout(EditLayout):
 
     def render(self, p: EditPrompt) -> str:
         parts = [f"{FILE_SEP}{path}\n{_chomp(text)}\n" for path, text in p.context_files]
-        parts.append(f"{FILE_SEP}{p.path}\n{_chomp(p.prefix + p.region + p.suffix)}\n")
+        parts.append(f"{FILE_SEP}{p.path}\n{_chomp(p.file_view()[0])}\n")
         diffs = "".join(d.unified() for d in p.history)
         if diffs:
             parts.append(f"{FILE_SEP}{p.path}.diff\n{diffs}")
@@ -349,9 +410,13 @@ SWEEP = SweepLayout()
 SWEEP_FILE = SweepLayout(file_context=True)
 CHAT = ChatRewriteLayout()
 SNIPPET = ChatSnippetLayout()
+FEW_SHOT = ChatFewShotLayout()
 FIM = FimRewriteLayout()
-LAYOUTS: dict[str, EditLayout] = {layout.name: layout for layout in (SWEEP, SWEEP_FILE, CHAT, SNIPPET, FIM)}
-ZERO_SHOT = ("chat-rewrite", "chat-snippet", "fim-rewrite")  # for models not trained on a next-edit layout
+LAYOUTS: dict[str, EditLayout] = {
+    layout.name: layout for layout in (SWEEP, SWEEP_FILE, CHAT, SNIPPET, FEW_SHOT, FIM)
+}
+# for models not trained on a next-edit layout
+ZERO_SHOT = ("chat-rewrite", "chat-snippet", "chat-fewshot", "fim-rewrite")
 
 
 def get_layout(name: str) -> EditLayout:

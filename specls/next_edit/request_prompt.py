@@ -2,8 +2,9 @@
 token ids, the tokens the region drafter drafts (the layout's output for an unchanged region) and
 the rewrite's token budget, the prompt shrunk until both fit.
 
-The layouts put the stable parts first (other files, the file, older edits), so successive requests
-of a document share a long token prefix and its KV (``specls.next_edit.engine_path``).
+The layouts put the stable parts first (other files, the file, the instructions), and the file is a
+view of it kept across a document's requests (``FileView``), so successive requests share a long
+token prefix and its KV (``specls.next_edit.engine_path``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class EditJob:
     # the file's text right after the region: an output that runs on into it is over
     # (``EditLayout.body_end``); "" for none
     after: str = ""
+    view: FileView | None = None  # the file view the prompt showed: the document's for its next request
 
 
 def doc_path(request: NextEditRequest) -> str:
@@ -99,6 +101,43 @@ def _window(text: str, region: Region, before: int, after: int) -> tuple[str, st
     return "".join(pre), region_text, "".join(post[:after])
 
 
+VIEW_HEAD_LINES = 3  # a kept view's first lines must still be the document's there
+
+
+@dataclass(frozen=True)
+class FileView:
+    """The file window a document's edit prompts show, kept across its requests: its text as it was
+    when the view was taken, from 0-based line ``line``. Successive prompts that show the same view
+    share their token prefix up to the region, so the document's edit KV spares re-prefilling it
+    (docs/next-edit.md, "The prompt's KV"). Retaken after ``NextEditSettings.view_uses`` requests,
+    when the region leaves it, when the lines at its top moved (lines added or removed above) or
+    when the window's size changed. The recent edits and the region, which come after it, say what
+    changed since."""
+
+    path: str
+    line: int
+    text: str
+    size: tuple[int, int]  # (window_before, window_after) it was cut with
+    uses: int = 1
+
+    def fits(self, text: str, path: str, region: Region, s: NextEditSettings) -> bool:
+        """Whether a request on ``text`` (its region ``region``) can show this view still.
+
+        >>> v = FileView("a.py", 1, "b\\nc\\nd\\n", (40, 20))
+        >>> s = NextEditSettings()
+        >>> v.fits("a\\nb\\nc\\nd\\n", "a.py", Region(2, 3), s), v.fits("b\\nc\\nd\\n", "a.py", Region(1, 2), s)
+        (True, False)
+        """
+        if path != self.path or self.size != (s.window_before, s.window_after) or self.uses >= s.view_uses:
+            return False
+        view_lines = split_lines(self.text)
+        end = self.line + len(view_lines) - 1
+        if region.start_line < self.line or region.end_line > end:
+            return False
+        head = "".join(view_lines[:VIEW_HEAD_LINES])
+        return "".join(split_lines(text)[self.line : self.line + VIEW_HEAD_LINES]) == head
+
+
 def _context_files(request: NextEditRequest, s: NextEditSettings) -> tuple[tuple[str, str], ...]:
     out = []
     for uri, text in request.context_docs[: s.context_files]:
@@ -120,31 +159,52 @@ def _shrunk(s: NextEditSettings) -> NextEditSettings | None:
 
 @dataclass(frozen=True)
 class RenderedEdit:
-    """A request's region and its prompt text in a layout, at one prompt size."""
+    """A request's region and its prompt text in a layout, at one prompt size, and the file view it
+    showed (the one to keep for the document's next request)."""
 
     region: Region
     region_text: str
     prompt: str
     last_edit: LastEdit | None
     after: str = ""
+    view: FileView | None = None
 
 
-def render_edit(request: NextEditRequest, layout: EditLayout, s: NextEditSettings) -> RenderedEdit:
+def render_edit(
+    request: NextEditRequest, layout: EditLayout, s: NextEditSettings, view: FileView | None = None
+) -> RenderedEdit:
     """The request's region and prompt text with the window, history and other files of ``s``
-    (no token budget: ``build_job`` fits it; a remote back end tokenizes it itself)."""
+    (no token budget: ``build_job`` fits it; a remote back end tokenizes it itself). ``view``: the
+    document's kept file view, shown while it fits (``FileView.fits``), else one taken now."""
     text, path = request.text, doc_path(request)
     region = select_region(text, request.line, s.lines_before, s.lines_after)
     last = last_edit_of(request, path)
     prefix, region_text, suffix = _window(text, region, s.window_before, s.window_after)
+    first_line = region.start_line - prefix.count("\n")
+    if view is not None and view.fits(text, path, region, s):
+        view = replace(view, uses=view.uses + 1)
+    else:
+        view = FileView(path, first_line, prefix + region_text + suffix, (s.window_before, s.window_after))
     cursor = cursor_offset(region_text, request.line - region.start_line, request.character)
     history = request.history[len(request.history) - s.history :] if s.history > 0 else ()
     before = region_before(region_text, region, last)
     prompt = layout.render(
-        EditPrompt(path, prefix, region_text, suffix, cursor, history, before, _context_files(request, s))
+        EditPrompt(
+            path,
+            prefix,
+            region_text,
+            suffix,
+            cursor,
+            history,
+            before,
+            _context_files(request, s),
+            first_line=first_line,
+            view=view.text,
+            view_line=view.line,
+        )
     )
-    return RenderedEdit(
-        region, region_text, prompt, last, run_on_text(region_text, region_parts(text, region)[2])
-    )
+    after = run_on_text(region_text, region_parts(text, region)[2])
+    return RenderedEdit(region, region_text, prompt, last, after, view)
 
 
 def build_job(
@@ -153,20 +213,30 @@ def build_job(
     tokenizer: TextTokenizer,
     settings: NextEditSettings,
     max_positions: int,
+    view: FileView | None = None,
 ) -> EditJob | None:
-    """The request's prompt and budget; None when even the smallest prompt leaves no room."""
+    """The request's prompt and budget; None when even the smallest prompt leaves no room. ``view``:
+    the document's kept file view (``render_edit``); the job's ``view`` is the one to keep."""
     rendered = render_edit(request, layout, settings)
     unchanged = tokenizer.encode(layout.output_of(rendered.region_text))
     wanted = request.max_tokens if request.max_tokens is not None else len(unchanged) * 3 // 2 + 32
     s: NextEditSettings | None = settings
     while s is not None:
-        rendered = render_edit(request, layout, s)
+        rendered = render_edit(request, layout, s, view)
         prompt = tokenizer.encode(rendered.prompt)
         room = min(max_positions, s.prompt_tokens + wanted) - len(prompt)
         if prompt and room >= min(wanted, len(unchanged) + 1):
             r = rendered
             return EditJob(
-                r.region, r.region_text, layout, prompt, unchanged, min(wanted, room), r.last_edit, r.after
+                r.region,
+                r.region_text,
+                layout,
+                prompt,
+                unchanged,
+                min(wanted, room),
+                r.last_edit,
+                r.after,
+                r.view,
             )
         s = _shrunk(s)
     log.info("next edit: no prompt of %s fits %d positions", doc_path(request), max_positions)

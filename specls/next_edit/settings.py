@@ -40,3 +40,7 @@ class NextEditSettings:
     confidence: bool = True
     min_margin: float | None = None
     kv_documents: int = 2  # documents whose edit-prompt KV is kept (beside the completions')
+    # requests that show one file view (``request_prompt.FileView``) before it is taken again: the
+    # view is the prompt's long stable part, so keeping it spares its prefill; retaking it now and
+    # then lets the edits shown after it stay few (1: a fresh view every request)
+    view_uses: int = 12

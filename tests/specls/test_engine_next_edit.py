@@ -19,7 +19,10 @@ from specls.next_edit.settings import NextEditSettings
 from tests.specls.fakes import SOURCE, fake_models
 from tests.specls.next_edit.script_lm import script_models, script_rewrite
 
-SMALL = NextEditSettings(lines_before=3, lines_after=4, window_before=6, window_after=4, history=2)
+# room for the few-shot layout's worked example at one token a character
+SMALL = NextEditSettings(
+    lines_before=3, lines_after=4, window_before=6, window_after=4, history=2, prompt_tokens=4096
+)
 BEFORE = SOURCE
 # the user renamed walk's parameter root -> top; the next edit renames its use in the body
 AFTER = SOURCE.replace("def walk(root):", "def walk(top):")
@@ -83,6 +86,9 @@ def test_a_scripted_rewrite_comes_back_as_its_edits_in_long_passes(layout: str) 
     assert [e.text for e in result.edits] == ["top"]  # Not the whole line: only what differs
     assert apply_edits(AFTER, result.edits) == NEXT
     assert result.tokens / result.target_passes >= 8  # the region is the draft
+    # the edit's confidence comes with it: the scripted target is sure of its tokens
+    assert engine.edits is not None and engine.edits.last_confidence is not None
+    assert result.confidence == engine.edits.last_confidence.min_margin > 0
     plain = OnnxEngine(EngineSettings(speculation=False), models, edit)
     assert plain.next_edit(req).edits == result.edits
     assert plain.edits is not None and engine.edits is not None
@@ -101,6 +107,29 @@ def test_the_next_request_of_a_document_prefills_only_what_changed() -> None:
     assert second.prefix_reused_tokens > len(SOURCE) * 2  # Not 0: the other file's KV is kept
     assert engine.edits is not None
     assert second.prefill_tokens <= len(engine.edits.last_prompt) - second.prefix_reused_tokens
+
+
+def test_typing_in_the_region_keeps_the_file_view_and_its_kv() -> None:
+    """The chat layouts show a kept view of the file first: a request after typing in the region
+    re-prefills from the region on, and its output is still plain greedy's of its prompt."""
+    models = fake_models(seed=5, allow_eos=False)
+    edit = replace(SMALL, layout="chat-snippet")
+    engine = OnnxEngine(EngineSettings(costs_cache=False), models, edit)
+    engine.next_edit(request(max_tokens=12))
+    typed = AFTER.replace("    for name in filenames:", "    for name in sorted(filenames):")
+    second = engine.next_edit(request(typed, line=6, max_tokens=12))
+    assert engine.edits is not None
+    prompt = models.tokenizer.decode(engine.edits.last_prompt)
+    # the view still shows the file as it was when the first request took it
+    view = prompt[: prompt.index("The code block to edit")]
+    assert "for name in filenames:" in view and "sorted(" not in view
+    assert second.prefix_reused_tokens >= len(view) - 1  # Not ~0: the view's KV is kept
+    plain = OnnxEngine(EngineSettings(speculation=False, costs_cache=False), models, edit)
+    plain.next_edit(request(max_tokens=12))
+    plain.next_edit(request(typed, line=6, max_tokens=12))
+    assert plain.edits is not None
+    assert plain.edits.last_prompt == engine.edits.last_prompt
+    assert plain.edits.last_tokens == engine.edits.last_tokens
 
 
 def test_nothing_is_shown_for_an_unchanged_region_an_undo_or_a_cut_output() -> None:
@@ -128,7 +157,9 @@ def test_a_cancelled_request_and_an_unknown_layout() -> None:
     models = fake_models()
     engine = OnnxEngine(EngineSettings(costs_cache=False), models, SMALL)
     assert engine.next_edit(request(), cancelled=lambda: True).cancelled
-    with pytest.raises(EngineError, match="unknown next-edit layout 'nope'; known: chat-rewrite"):
+    with pytest.raises(
+        EngineError, match="unknown next-edit layout 'nope'; known: chat-fewshot, chat-rewrite"
+    ):
         engine.next_edit(request(layout="nope"))
 
 

@@ -38,7 +38,14 @@ REGIONS = ["a\nb\n", "a\n\n\n", "last line without newline", "", "x = '```'\n", 
 
 
 def test_layouts_are_named_and_selectable() -> None:
-    assert set(LAYOUTS) == {"sweep", "sweep-file", "chat-rewrite", "chat-snippet", "fim-rewrite"}
+    assert set(LAYOUTS) == {
+        "sweep",
+        "sweep-file",
+        "chat-rewrite",
+        "chat-snippet",
+        "chat-fewshot",
+        "fim-rewrite",
+    }
     assert set(ZERO_SHOT) <= set(LAYOUTS)
     for name, layout in LAYOUTS.items():
         assert get_layout(name) is layout and layout.name == name
@@ -124,12 +131,15 @@ def test_chat_snippet_layout() -> None:
     text = SNIPPET.render(PROMPT)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n```\n")
     assert "@@ -4 +4 @@\n-def f(a, b):\n+def f(x, b):\n" in text
-    # the file with the cursor, then the region alone as the block to return (its file lines)
-    assert "import os\n\n\ndef f" + CURSOR + "(x, b):\n" in text
-    block = "(lines 4-7 of the file above):\n```\ndef f(x, b):\n    return x + b\n\ndef g(a, b):\n```"
+    # the file, then the region alone as the block to return (its file lines), then the cursor's line
+    assert "lines 1-8:\n```\nimport os\n\n\ndef f(x, b):\n" in text
+    block = "(lines 4-7 of pkg/a.py as it is now):\n```\ndef f(x, b):\n    return x + b\n\ndef g(a, b):\n```"
     assert block in text
     assert text.index(block) > text.index("    return a * b\n")  # after the whole file
-    assert "<region>" not in text
+    assert "<region>" not in text and CURSOR not in text
+    assert text.endswith("The cursor is on line 4.<|im_end|>\n<|im_start|>assistant\n```\n")
+    # the stable part first: the file and the instructions, then the block, the edits and the cursor
+    assert text.index("Apply to") < text.index(block) < text.index("@@ -4 +4 @@")
     assert SNIPPET.parse("def f(x, c):\n```") == "def f(x, c):\n"
     assert SNIPPET.parse("def f(x, c):\n", eos=True) == "def f(x, c):\n"  # the turn ended without a fence
     assert SNIPPET.parse("def f(x, c):\n") is None  # Not a rewrite: cut by the budget
