@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from specls.decoder.api import CausalLM, DecodeSettings, Drafter, KVCache
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, point_masses_then
+from specls.decoder.head_drafter import HeadDrafter
 from specls.decoder.ngram import LookupMatch
 from specls.decoder.pass_cost_learner import PassCostLearner, pass_rows
-from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, plan_pass
+from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, best_gamma, plan_pass
 from specls.decoder.region_drafter import RegionDrafter
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ class PolicyState:
     # often right than the first proposal (at the start or after a realignment, which may be wrong).
     # Apart, so that long runs are drafted long and first proposals are not. Prior 0.98.
     region_hot: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.98,)))
+    # A feature head's guesses (``HeadDrafter``): each later head is right less often. Priors: about
+    # half at first, fading.
+    head: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.5, 0.45, 0.4)))
     length: float = 16.0  # moving average of tokens per completion: what "remaining" is guessed from
     # The same for requests that end at a text stop (the end of the line, a line-first answer), kept
     # apart: in one figure, long completions made short ones start the draft model, whose catch-up
@@ -116,6 +120,7 @@ class PolicyState:
                 "model_accept": [round(x, 3) for x in self.model.rates(4)],
                 "region_accept": [round(x, 3) for x in self.region.rates(4)],
                 "region_accept_after_hit": [round(x, 3) for x in self.region_hot.rates(4)],
+                "head_accept": [round(x, 3) for x in self.head.rates(4)],
                 "mean_length": round(self.length, 1),
                 "mean_length_to_stop": round(self.stop_length, 1),
                 "unmatched_share": round(self.unmatched, 3),
@@ -140,7 +145,11 @@ class PlannedDrafter(Drafter):
 
     ``region`` (a next edit): the region's continuation is offered before the lookup match, as free
     point-mass tokens priced by its own acceptance (``PolicyState.region``); where it has none (the
-    output left the region and has not realigned) the lookup match is offered."""
+    output left the region and has not realigned) the lookup match is offered.
+
+    ``head`` (a feature head on the target's hidden state): its guesses instead of the lookup match
+    where the policy expects more of them (no match, or a match it trusts less), priced by
+    ``PolicyState.head``; the head runs only then."""
 
     name = "policy"
 
@@ -150,11 +159,13 @@ class PlannedDrafter(Drafter):
         model: DraftModelDrafter | None,
         state: PolicyState,
         region: RegionDrafter | None = None,
+        head: HeadDrafter | None = None,
     ) -> None:
         self.lookup = lookup
         self.model = model
         self.state = state
         self.region = region
+        self.head = head
         self._head = PromptLookupDrafter.name  # the source of the last proposal's point-mass tokens
         self._max_new = DecodeSettings().max_new_tokens
         self._start: int | None = None  # context length at the first proposal: the prompt
@@ -258,7 +269,21 @@ class PlannedDrafter(Drafter):
                 return tokens[:k], self.state.region_hot if hot else self.state.region
         match = self.lookup.match(context, k) if self.lookup is not None else None
         self._head = PromptLookupDrafter.name
-        return (list(match.tokens[:k]) if match is not None else []), self._lookup_table(match)
+        tokens, table = (list(match.tokens[:k]) if match is not None else []), self._lookup_table(match)
+        if self.head is not None and self._head_beats(tokens, table, k):
+            guess = self.head.propose(context, k)
+            if guess:
+                self._head = HeadDrafter.name
+                return guess, self.state.head
+        return tokens, table
+
+    def _head_beats(self, tokens: list[int], table: AcceptanceByPosition, k: int) -> bool:
+        """Whether the head's guesses promise a better pass than the lookup tokens (by the tables)."""
+        assert self.head is not None
+        n = min(k, self.head.heads)
+        _, s_head = best_gamma(self.state.head.rates(n), self.state.costs, 0.0, n)
+        _, s_lookup = best_gamma(table.rates(k), self.state.costs, 0.0, len(tokens))
+        return s_head > s_lookup
 
     def _lookup_table(self, match: LookupMatch | None) -> AcceptanceByPosition:
         """The acceptance that prices this match: a one-token match's own, else after a hit or not."""

@@ -211,6 +211,10 @@ class OnnxCausalLM(CausalLM):
             for n in kv
         ]
         self.output_names: list[str] = [self.spec.logits_name, *self.present_names]
+        # the hidden state the vocabulary projection reads, fetched after the presents (a feature
+        # draft head's input; ``models.hidden_output``)
+        if self.spec.hidden_name is not None:
+            self.output_names.append(self.spec.hidden_name)
         self._device_ops: dict[str, _DeviceOps] = {}
         self._batch_session: Any = None
         self._batch_lock = threading.Lock()
@@ -366,7 +370,7 @@ class OnnxCausalLM(CausalLM):
                 past[j, :, :pad] = 0  # masked out, but never garbage (0 * NaN would leak through)
                 past[j, :, pad:] = cache._kv()[k][0]  # no pad row: forward_batch dropped it
             feed[name] = past
-        outs = self._batch_session.run(self.output_names, feed)
+        outs = self._batch_session.run(self.output_names[: 1 + len(self.present_names)], feed)
         logits, presents = outs[0], outs[1:]  # [b, s, vocab]; each [b, kv, p_max + s, hd]
         for j, cache in enumerate(seqs):
             p, n = batch.lens[j], batch.news[j]
@@ -436,10 +440,28 @@ class OrtKVCache(KVCache):
         self._length = 0
         self._pad = 0  # positions past _length that _past still holds: the last pass's pad row
         self._shared = False  # _past are views into a batched pass's presents (see compact)
+        # the last pass's hidden states ([rows, hidden] float32, rows ending at position _hidden_end),
+        # when the graph outputs them (``hidden_at``)
+        self._hidden: np.ndarray | None = None
+        self._hidden_end = 0
 
     @property
     def length(self) -> int:
         return self._length
+
+    def hidden_at(self, position: int) -> np.ndarray | None:
+        """The hidden state ([hidden] float32) the last pass computed at ``position`` (the one its
+        logits there were projected from), None when that pass did not compute it or the cache has
+        since been rolled back past it. Only for a graph with ``ModelSpec.hidden_name``."""
+        h = self._hidden
+        if h is None or not self._hidden_end - h.shape[0] <= position < min(self._hidden_end, self._length):
+            return None
+        return h[position - (self._hidden_end - h.shape[0])]
+
+    def _keep_hidden(self, rows: np.ndarray | None) -> None:
+        """The pass that just grew the cache computed ``rows`` ([kept, hidden], pad rows dropped)."""
+        self._hidden = None if rows is None else np.asarray(rows, dtype=np.float32)
+        self._hidden_end = self._length
 
     def _padded(self, arr: np.ndarray) -> np.ndarray:
         """``arr`` [n], or [n + 1] with a pad token when the pass would be odd and the context has room
@@ -465,6 +487,7 @@ class OrtKVCache(KVCache):
     def _load_kv(self, values: list[np.ndarray], views: bool = False) -> None:
         """Hold ``values`` (one [1, kv, n, hd] per past input) as the whole cache; ``views``: they are
         views into a batched pass's presents (``compact`` copies them out)."""
+        self._hidden = None  # a batched pass fetches no hidden states
         self._past = values
         self._shared = views
         self._pad = 0
@@ -506,11 +529,13 @@ class OrtKVCache(KVCache):
         for name, past in zip(self._lm.past_names, self._past, strict=True):
             feed[name] = past
         outs = self._lm.session.run(self._lm.output_names, feed)
-        self._past = outs[1:]  # each [1, kv, past+n+pad, hd]; the pad position goes before the next pass
+        n_kv = len(self._lm.present_names)
+        self._past = outs[1 : 1 + n_kv]  # each [1, kv, past+n+pad, hd]; the pad goes before the next pass
         self._shared = False
         self._pad = pad
         self._length += arr.size
         logits = outs[0][0]  # [n (or kept) + pad, width]
+        self._keep_hidden(outs[-1][0, : logits.shape[0] - pad] if len(outs) > 1 + n_kv else None)
         return self._lm.to_vocab(logits[: logits.shape[0] - pad])  # [n (or kept), vocab]
 
     def forward(self, ids: Sequence[int]) -> np.ndarray:
@@ -578,6 +603,7 @@ class SharedKVCache(OrtKVCache):
 
     def _load_kv(self, values: list[np.ndarray], views: bool = False) -> None:
         n = values[0].shape[2]
+        self._hidden = None  # a batched pass fetches no hidden states
         self._length = 0  # nothing of the old KV is kept
         self._reserve(n)
         for buf, v in zip(self._past, values, strict=True):
@@ -604,6 +630,12 @@ class SharedKVCache(OrtKVCache):
         binding.bind_output(
             lm.spec.logits_name, "cpu", 0, lm.kv_dtype, list(logits.shape), logits.ctypes.data
         )
+        hidden = None
+        if lm.spec.hidden_name is not None:
+            hidden = np.empty((1, rows, lm.spec.hidden_size), dtype=lm.kv_dtype)  # [1, kept + pad, hidden]
+            binding.bind_output(
+                lm.spec.hidden_name, "cpu", 0, lm.kv_dtype, list(hidden.shape), hidden.ctypes.data
+            )
         for past, present, buf in zip(lm.past_names, lm.present_names, self._past, strict=True):
             shape, ptr = list(buf.shape), buf.ctypes.data
             binding.bind_input(past, "cpu", 0, lm.kv_dtype, shape, ptr)
@@ -611,6 +643,7 @@ class SharedKVCache(OrtKVCache):
         lm.session.run_with_iobinding(binding)
         self._pad = pad  # the pad position is overwritten by the next pass
         self._length += arr.size
+        self._keep_hidden(None if hidden is None else hidden[0, : rows - pad])
         return lm.to_vocab(logits[0, : rows - pad])  # [n (or kept), vocab]
 
     def compact(self) -> None:

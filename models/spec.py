@@ -76,6 +76,9 @@ class ModelSpec:
     # the prompt layout of next-edit suggestions (specls.next_edit.layouts), written at export from the
     # source's name; None (an older export): the engine picks by the source's name
     next_edit_layout: str | None = None
+    # the graph also outputs the hidden state its vocabulary projection reads, [batch, new (or kept),
+    # hidden], under this name (``models.hidden_output``), for a feature-level draft head; None: not
+    hidden_name: str | None = None
 
     @property
     def uses_position_ids(self) -> bool:
@@ -123,6 +126,7 @@ class ModelSpec:
             "shared_kv_buffer": self.shared_kv_buffer,
             "head_ids_file": self.head_ids_file,
             "next_edit_layout": self.next_edit_layout,
+            "hidden_name": self.hidden_name,
         }
 
     def write(self, model_dir: Path) -> Path:
@@ -246,9 +250,16 @@ def spec_from_dict(d: object, path: Path) -> ModelSpec:
         shared_kv_buffer=shared_kv,
         head_ids_file=head_file,
         next_edit_layout=layout,
+        hidden_name=_optional_name(d.get("hidden_name"), "hidden_name", path),
     )
     _check_names(spec, path)
     return spec
+
+
+def _optional_name(value: object, key: str, path: Path) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _err(path, f"field {key!r} must be a non-empty string or null, got {value!r}")
+    return value
 
 
 def _next_edit_layout(value: object, path: Path) -> str | None:
@@ -366,7 +377,8 @@ def check_graph_io(
     extra_in = [n for n in in_by_name if n not in spec.graph_inputs]
     if extra_in:
         raise _err(onnx_path, f"graph has inputs {extra_in} that {SPEC_FILE} does not name")
-    missing_out = [n for n in spec.graph_outputs if n not in out_by_name]
+    hidden = () if spec.hidden_name is None else (spec.hidden_name,)
+    missing_out = [n for n in (*spec.graph_outputs, *hidden) if n not in out_by_name]
     if missing_out:
         raise _err(
             onnx_path,

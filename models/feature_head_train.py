@@ -1,0 +1,250 @@
+"""Train a feature draft head (``models.feature_head``) for an exported target, on this machine.
+
+Three steps, each resumable from its file in ``out``:
+
+1. ``extract_features``: the target reads code in chunks (one fresh sequence each); per position it
+   keeps the hidden state its vocabulary projection reads (fp16), the token and the target's own
+   argmax there (``features.npz``). Needs the graph's hidden output (``models.hidden_output``).
+2. ``train_heads``: K small heads, head k mapping the hidden state at t to the target's argmax at
+   t + k (the token after the one the target itself commits from t), Medusa-style: a residual SiLU
+   block whose output goes through the target's own projection rows for a reduced vocabulary
+   (frozen, so only the blocks learn). A position counts for head k only where the text agrees with
+   the target's argmax at t+1..t+k, so each head learns what a greedy decode would see there.
+3. ``export_heads``: one ONNX graph (hidden [hidden] -> the K heads' token ids and top probabilities),
+   int8 by ONNX Runtime's dynamic quantization, with ``feature_head.json``.
+
+Torch is needed for step 2-3 only (the ``export`` extra).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+FEATURES_FILE = "features.npz"
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    """hidden: [N, d] fp16; tokens, argmax: [N] int32; chunk: [N] int32 (positions of one chunk share
+    it: a head's label must lie in the same chunk)."""
+
+    hidden: np.ndarray
+    tokens: np.ndarray
+    argmax: np.ndarray
+    chunk: np.ndarray
+
+    def save(self, path: Path) -> None:
+        np.savez(path, hidden=self.hidden, tokens=self.tokens, argmax=self.argmax, chunk=self.chunk)
+
+    @classmethod
+    def load(cls, path: Path) -> FeatureSet:
+        z = np.load(path)
+        return cls(z["hidden"], z["tokens"], z["argmax"], z["chunk"])
+
+
+def extract_features(
+    lm: Any,
+    texts: Sequence[str],
+    encode: Callable[[str], list[int]],
+    max_tokens: int,
+    chunk: int = 512,
+    seed: int = 0,
+) -> FeatureSet:
+    """Run ``lm`` (an ``OnnxCausalLM`` whose graph outputs its hidden state) over ``texts`` (shuffled
+    with ``seed``) in fresh ``chunk``-token sequences until ``max_tokens`` positions are kept."""
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    hidden: list[np.ndarray] = []
+    tokens: list[np.ndarray] = []
+    argmax: list[np.ndarray] = []
+    chunks: list[np.ndarray] = []
+    total, n_chunk, t0 = 0, 0, time.perf_counter()
+    for i in order:
+        ids = encode(texts[i])
+        for start in range(0, len(ids) - 16, chunk):  # a tail under 16 tokens teaches little
+            part = ids[start : start + chunk]
+            cache = lm.new_cache()
+            logits = cache.forward(part)  # [n, vocab]
+            rows = np.stack([cache.hidden_at(p) for p in range(len(part))])  # [n, d]
+            hidden.append(rows.astype(np.float16))
+            tokens.append(np.asarray(part, dtype=np.int32))
+            argmax.append(np.argmax(logits, axis=-1).astype(np.int32))
+            chunks.append(np.full(len(part), n_chunk, dtype=np.int32))
+            n_chunk += 1
+            total += len(part)
+            if n_chunk % 20 == 0:
+                rate = total / (time.perf_counter() - t0)
+                log.info("features: %d positions (%.0f a second)", total, rate)
+            if total >= max_tokens:
+                break
+        if total >= max_tokens:
+            break
+    return FeatureSet(
+        np.concatenate(hidden), np.concatenate(tokens), np.concatenate(argmax), np.concatenate(chunks)
+    )
+
+
+def head_samples(f: FeatureSet, k: int) -> np.ndarray:
+    """Positions t that teach head k (1-based): t + k in t's chunk, and the text at t+1..t+k is what
+    the target's greedy argmax at t..t+k-1 would have written, so the hidden state at t is one a greedy
+    decode reaches with the next tokens as its own. The label is ``f.argmax[t + k]``.
+
+    >>> f = FeatureSet(np.zeros((5, 1)), np.array([0, 1, 2, 9, 4]), np.array([1, 2, 3, 4, 5]), np.zeros(5))
+    >>> head_samples(f, 1).tolist()   # Not [0, 1, 2, 3]: the text at 3 is 9, the argmax at 2 said 3
+    [0, 1, 3]
+    """
+    n = f.tokens.shape[0]
+    ok = np.ones(max(0, n - k), dtype=bool)
+    for j in range(1, k + 1):
+        ok &= f.tokens[j : n - k + j] == f.argmax[j - 1 : n - k + j - 1]
+        ok &= f.chunk[j : n - k + j] == f.chunk[: n - k]
+    return np.nonzero(ok)[0]
+
+
+def projection_rows(model_dir: Path, ids: np.ndarray) -> np.ndarray:
+    """The target's vocabulary projection for tokens ``ids``: [len(ids), hidden] float32, read from its
+    graph (a float MatMul weight [hidden, vocab], or the int8 export's weight with its per-token
+    scale). Raises ValueError for a projection stored another way."""
+    import onnx
+    from onnx import numpy_helper
+    from specls.models.spec import load_spec
+
+    spec = load_spec(model_dir)
+    model = onnx.load(str(Path(model_dir) / spec.onnx_file))
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {out: node for node in model.graph.node for out in node.output}
+    scale: np.ndarray | None = None
+    node = producer.get(spec.logits_name)
+    while node is not None and node.op_type not in ("MatMul", "MatMulInteger"):
+        for name in node.input:
+            t = inits.get(name)
+            if node.op_type == "Mul" and t is not None and list(t.dims) == [spec.vocab_size]:
+                scale = numpy_helper.to_array(t).astype(np.float32)  # [vocab]: per-token weight scale
+        node = next((producer[i] for i in node.input if i in producer), None)
+    weight = inits.get(node.input[1]) if node is not None else None
+    if weight is None or list(weight.dims)[-1] != spec.vocab_size:
+        raise ValueError(f"{model_dir}: vocabulary projection weight not found")
+    w = numpy_helper.to_array(weight)[:, ids].astype(np.float32)  # [hidden, len(ids)]
+    if node is not None and node.op_type == "MatMulInteger":
+        if scale is None:
+            raise ValueError(f"{model_dir}: int8 projection without a per-token scale")
+        w *= scale[ids][None, :]
+    return np.ascontiguousarray(w.T)  # [len(ids), hidden]
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    """One run's knobs. Defaults: a few heads (each later one is right less often given the earlier
+    ones), a vocabulary that covers nearly every token code is written in, two passes over the data."""
+
+    heads: int = 4
+    vocab: int = 8192
+    epochs: int = 2
+    batch: int = 256
+    lr: float = 2e-3
+    holdout: float = 0.1  # the last chunks' share, for the accuracy report
+    seed: int = 0
+
+
+@dataclass
+class TrainedHeads:
+    ids: np.ndarray  # [vocab] int64: the reduced vocabulary, by frequency
+    blocks: list[tuple[np.ndarray, np.ndarray]]  # per head: weight [d, d], bias [d]
+    rows: np.ndarray  # [vocab, d] the projection rows (frozen)
+    accuracy: list[float]  # per head, on the held-out chunks
+    base_accuracy: list[float]  # the same before training (the projection of h_t itself)
+    samples: list[int]  # training positions per head
+    coverage: float  # share of labels inside the reduced vocabulary
+    train_s: float
+
+
+def _vocab(f: FeatureSet, size: int) -> np.ndarray:
+    counts = np.bincount(f.argmax.astype(np.int64))
+    order = np.argsort(-counts, kind="stable")[:size]
+    return np.sort(order[counts[order] > 0]).astype(np.int64)
+
+
+def train_heads(
+    f: FeatureSet, rows_of: Callable[[np.ndarray], np.ndarray], cfg: HeadTraining
+) -> TrainedHeads:
+    """Train ``cfg.heads`` heads on ``f``; ``rows_of(ids)`` gives the projection rows."""
+    import torch
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    ids = _vocab(f, cfg.vocab)
+    index = np.full(int(f.argmax.max()) + 1, -1, dtype=np.int64)
+    index[ids] = np.arange(ids.size)
+    coverage = float(np.mean(index[f.argmax] >= 0))
+    rows = rows_of(ids)
+    proj = torch.from_numpy(rows)  # [V, d]
+    cut = int(f.chunk.max() * (1 - cfg.holdout))
+    hidden = torch.from_numpy(f.hidden)  # [N, d] fp16
+    blocks, acc, base, counts = [], [], [], []
+    for k in range(1, cfg.heads + 1):
+        at = head_samples(f, k)
+        labels = index[f.argmax[at + k]]
+        keep = labels >= 0
+        at, labels = at[keep], labels[keep]
+        train = f.chunk[at] <= cut
+        block = torch.nn.Linear(rows.shape[1], rows.shape[1])
+        torch.nn.init.zeros_(block.weight)  # starts as the projection of h_t itself
+        torch.nn.init.zeros_(block.bias)
+        test_h, test_y = hidden[at[~train]].float(), torch.from_numpy(labels[~train])
+        base.append(_accuracy(block, proj, test_h, test_y))
+        _fit(block, proj, hidden, at[train], torch.from_numpy(labels[train]), cfg)
+        acc.append(_accuracy(block, proj, test_h, test_y))
+        counts.append(int(train.sum()))
+        blocks.append((block.weight.detach().numpy().T.copy(), block.bias.detach().numpy().copy()))
+        log.info(
+            "head %d: %d samples, held-out top-1 %.3f (untrained %.3f)", k, counts[-1], acc[-1], base[-1]
+        )
+    return TrainedHeads(ids, blocks, rows, acc, base, counts, coverage, time.perf_counter() - t0)
+
+
+def _head_logits(block: Any, proj: Any, h: Any) -> Any:
+    import torch
+
+    return (h + torch.nn.functional.silu(block(h))) @ proj.T  # [B, V]
+
+
+def _accuracy(block: Any, proj: Any, h: Any, y: Any) -> float:
+    import torch
+
+    if y.numel() == 0:
+        return 0.0
+    with torch.no_grad():
+        hits = sum(
+            int((_head_logits(block, proj, h[i : i + 1024]).argmax(-1) == y[i : i + 1024]).sum())
+            for i in range(0, y.numel(), 1024)
+        )
+    return hits / y.numel()
+
+
+def _fit(block: Any, proj: Any, hidden: Any, at: np.ndarray, y: Any, cfg: HeadTraining) -> None:
+    import torch
+
+    opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, weight_decay=0.0)
+    steps = max(1, cfg.epochs * (len(at) // cfg.batch))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / steps))
+    gen = np.random.default_rng(cfg.seed)
+    for _ in range(cfg.epochs):
+        order = gen.permutation(len(at))
+        for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
+            b = order[i : i + cfg.batch]
+            h = hidden[torch.from_numpy(at[b])].float()  # [B, d]
+            loss = torch.nn.functional.cross_entropy(_head_logits(block, proj, h), y[torch.from_numpy(b)])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
