@@ -31,6 +31,7 @@ MODEL_OPTIONS = (
     "threads",
     "workspace",
     "datastore",
+    "feature_head",
 )
 # Settings that only take effect when the engine is (re)built, i.e. before the model is loaded: the
 # model options, by the same names
@@ -62,6 +63,8 @@ class ServerSettings:
     # and from code datastores (stdlib, site-packages or a folder built by `specls datastore build`;
     # comma-separated); None = none
     datastore: str | None = None
+    # draft with the target's feature head when it has one (`specls head train`)
+    feature_head: bool = True
     languages: tuple[str, ...] = ()  # languageIds to complete in; () = all
     debounce_ms: int = 0  # server-side debounce before generating (editors usually debounce already)
     multiline: str = "auto"  # auto | always | never
@@ -166,7 +169,15 @@ def _convert(name: str, value: Any) -> Any:
         return _as_int(value, 0, 256)
     if name == "debounce_ms":
         return _as_int(value, 0, 5000)
-    if name in ("speculation", "draft_model", "lookup", "type_ahead", "line_first", "workspace"):
+    if name in (
+        "speculation",
+        "draft_model",
+        "lookup",
+        "type_ahead",
+        "line_first",
+        "workspace",
+        "feature_head",
+    ):
         return _as_bool(value)
     if name == "languages":
         return _as_languages(value)

@@ -20,6 +20,7 @@ from specls.decoder.api import CausalLM, KVCache
 from specls.decoder.buffer_index import BufferIndex, ReindexPolicy
 from specls.decoder.datastore import StaticSources
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.head_drafter import HeadDrafter
 from specls.decoder.ngram import common_prefix_len
 from specls.decoder.planned import PlannedDrafter
 from specls.decoder.reuse import PreviousCompletion
@@ -37,6 +38,7 @@ class DocState:
     draft_drafter: DraftModelDrafter | None = None  # keeps its own draft KV cache across requests
     lookup_drafter: PromptLookupDrafter | None = None  # keeps its context n-gram index
     planned_drafter: PlannedDrafter | None = None  # the policy over those
+    head_drafter: HeadDrafter | None = None  # the target's feature head, bound to ``cache`` per request
     last: PreviousCompletion | None = None  # for completion reuse and type-ahead
     static: StaticLookupSources | None = None  # the engine's (shared), for this document's lookup
 

@@ -14,6 +14,7 @@ from specls.api import CompletionRequest
 from specls.decoder.api import DecodeResult, DecodeSettings, Drafter
 from specls.decoder.buffer_index import BufferIndex
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
+from specls.decoder.head_drafter import HeadDrafter
 from specls.decoder.planned import PlannedDrafter, PolicyState
 from specls.decoder.reuse import CompletionReuseDrafter, ReuseFirstDrafter
 from specls.decoder.timed import TimedDrafter
@@ -74,10 +75,11 @@ def request_drafter(
         if state.draft_drafter is None:
             state.draft_drafter = DraftModelDrafter(models.draft, s.drafters)
         model = state.draft_drafter
+    head = _head_drafter(models, state)
     inner: Drafter | None = None
-    if lookup is not None or model is not None:
+    if lookup is not None or model is not None or head is not None:
         if state.planned_drafter is None:
-            state.planned_drafter = PlannedDrafter(lookup, model, policy_state(s, models))
+            state.planned_drafter = PlannedDrafter(lookup, model, policy_state(s, models), head=head)
         state.planned_drafter.end()  # the previous request learns under its own class
         state.planned_drafter.stopped = request.stop is not None or request.early_stop is not None
         inner = state.planned_drafter
@@ -86,6 +88,17 @@ def request_drafter(
     if drafter is None:
         return None, False
     return TimedDrafter(drafter), reuse is not None
+
+
+def _head_drafter(models: LoadedModels, state: DocState) -> HeadDrafter | None:
+    """The document's feature-head drafter, reading this request's target cache (None: no head)."""
+    parts = models.head
+    if parts is None:
+        return None
+    if state.head_drafter is None:
+        state.head_drafter = HeadDrafter(parts.guess, parts.heads)
+    state.head_drafter.bind(parts.features(state.cache) if state.cache is not None else None)
+    return state.head_drafter
 
 
 def _reuse_drafter(

@@ -34,6 +34,9 @@ class EngineSettings:
     # comma-separated, consulted in that order); None = none.
     # For code with nothing to copy from the project: its idioms are in other code
     datastore: str | None = None
+    # draft with the target's feature head when its directory has one (`specls head train`): guesses
+    # from the target's own hidden state at a few percent of a pass, for code with nothing to copy
+    feature_head: bool = True
     speculation: bool = True  # False = plain greedy reference path (no drafter at all)
     # the most tokens one pass drafts; the drafting policy (decoder/planned.py) picks each pass's length
     # up to it, by measured pass costs and learned acceptance

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specls.api import EngineError
-from specls.decoder.api import CausalLM
+from specls.decoder.api import CausalLM, KVCache
+from specls.decoder.head_drafter import Features, Guess
 from specls.decoder.pass_cost_learner import PassCostLearner
 from specls.decoder.planned import PolicyState, calibrate
 from specls.decoder.policy import PassCosts
@@ -64,6 +65,19 @@ class LoadedModels:
     # teach each other nothing
     lookup_policy: PolicyState = field(default_factory=PolicyState)
     draft_policy: PolicyState = field(default_factory=PolicyState)
+    # the target's feature head (``specls.models.feature_head``): its guesses from a hidden state, how
+    # many it makes, and where a target cache's hidden states are read; None: none (or turned off)
+    head: FeatureHeadParts | None = None
+
+
+@dataclass(frozen=True)
+class FeatureHeadParts:
+    """A loaded feature head as the drafters see it: token ids and hidden states only."""
+
+    guess: Guess
+    heads: int
+    features: Callable[[KVCache], Features | None]
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,8 +115,9 @@ def load_models(settings: EngineSettings, say: Progress) -> LoadedModels:
         max_positions=facts.max_positions,
         budget=prompt.budget,
         start_ids=prompt.start_ids,
+        head=_feature_head(settings, opened),
     )
-    if settings.speculation and (opened.draft is not None or settings.lookup):
+    if settings.speculation and (opened.draft is not None or settings.lookup or models.head is not None):
         runtime = {**dataclasses.asdict(opened.runtime), "provider": models.provider}
         costs = pass_costs(settings, opened, runtime, say)
         # each learns from its own requests (lookup alone plans by the verify costs only)
@@ -220,6 +235,24 @@ def _open(settings: EngineSettings, say: Progress) -> _Opened:
     except (OSError, ValueError, RuntimeError) as exc:
         raise EngineError(f"cannot load model: {exc}") from exc
     return _Opened(target, target_dir, draft, draft_dir, runtime)
+
+
+def _feature_head(settings: EngineSettings, opened: _Opened) -> FeatureHeadParts | None:
+    """The target's feature head when the settings draft with it and its graph gives hidden states."""
+    if not (settings.speculation and settings.feature_head) or opened.target.spec.hidden_name is None:
+        return None
+    from specls.models.feature_head import describe, load_feature_head
+    from specls.models.runtime import OrtKVCache
+
+    head = load_feature_head(opened.target_dir, opened.target.spec.hidden_size)
+    if head is None:
+        return None
+
+    def features(cache: KVCache) -> Features | None:
+        return cache.hidden_at if isinstance(cache, OrtKVCache) else None
+
+    logger.info("feature head: %s", describe(head))
+    return FeatureHeadParts(head.guess, head.heads, features, describe(head))
 
 
 def pass_costs(

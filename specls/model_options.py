@@ -138,6 +138,13 @@ def _add_lookup_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) 
         help="and from code datastores: stdlib, site-packages or a folder built by `specls datastore "
         "build`, or a datastore folder (several: comma-separated)",
     )
+    p.add_argument(
+        "--no-feature-head",
+        dest="feature_head",
+        action="store_false",
+        default=None,
+        help="do not draft with the target's feature head (one made by `specls head train`)",
+    )
 
 
 def engine_settings(options: Mapping[str, Any], base: EngineSettings | None = None) -> EngineSettings:

@@ -29,6 +29,7 @@ function readSettings(): Settings {
         draftLength: c.get<number>('draftLength', 12),
         workspace: c.get<boolean>('workspace', false),
         datastore: c.get<string>('datastore', ''),
+        featureHead: c.get<boolean>('featureHead', true),
         lineFirst: c.get<boolean>('lineFirst', true),
         typeAhead: c.get<boolean>('typeAhead', true),
         multiline: c.get<string>('multiline', 'auto'),
@@ -222,7 +223,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
             }
             // the models, typeAhead, draftLength and the lookup sources are the engine's: the server applies
             // them when its model loads
-            const engineKeys = ['model', 'preset', 'draft', 'typeAhead', 'draftLength', 'workspace', 'datastore'];
+            const engineKeys = ['model', 'preset', 'draft', 'typeAhead', 'draftLength', 'workspace', 'datastore', 'featureHead'];
             const restartKeys = ['serverPath', 'teamServer', 'enabledLanguages', ...engineKeys];
             const needsRestart = restartKeys.some((k) => e.affectsConfiguration(`specls.${k}`));
             updateEnabledState();

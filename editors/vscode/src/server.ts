@@ -14,6 +14,7 @@ export interface Settings {
     draftLength: number;
     workspace: boolean;
     datastore: string;
+    featureHead: boolean;
     lineFirst: boolean;
     typeAhead: boolean;
     multiline: string;
@@ -136,6 +137,7 @@ export function serverSettings(settings: Settings): Record<string, unknown> {
         maxTokens: settings.maxTokens,
         draftLength: settings.draftLength,
         workspace: settings.workspace,
+        featureHead: settings.featureHead,
         lineFirst: settings.lineFirst,
         typeAhead: settings.typeAhead,
         multiline: settings.multiline,
