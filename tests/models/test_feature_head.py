@@ -1,0 +1,133 @@
+"""The feature draft head on exported tiny checkpoints: the hidden-state output leaves logits as they
+were and is what the projection reads; a cache serves a row only while it holds its position; a head
+trained here drafts through the engine and the completion stays the plain greedy one."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from specls.api import CompletionRequest
+from specls.engine import OnnxEngine
+from specls.engine_settings import EngineSettings
+from specls.models.feature_head import FeatureHead, HeadInfo, has_feature_head, head_dir, write_head_graph
+from specls.models.feature_head_train import (
+    HeadTraining,
+    extract_features,
+    projection_rows,
+    train_heads,
+)
+from specls.models.hidden_output import HIDDEN_NAME, add_hidden_output
+from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+from specls.models.spec import load_spec
+
+pytestmark = pytest.mark.slow
+
+SEQ = [5, 17, 42, 99, 3, 250, 7, 7, 120, 64, 11, 290, 33, 8, 150, 201, 77]
+ONE = RuntimeSettings(threads=1, provider="cpu")
+
+
+def _with_hidden(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    assert add_hidden_output(dst) == HIDDEN_NAME
+    assert add_hidden_output(dst) == HIDDEN_NAME  # idempotent
+    assert load_spec(dst).hidden_name == HIDDEN_NAME
+    return dst
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_hidden_output_keeps_logits_and_is_what_the_projection_reads(
+    exported: dict[str, Path], tmp_path: Path, arch: str
+) -> None:
+    d = _with_hidden(exported[arch], tmp_path / arch)
+    before, after = OnnxCausalLM(exported[arch], ONE), OnnxCausalLM(d, ONE)
+    ref = before.new_cache().forward(SEQ)  # [n, vocab]
+    cache = after.new_cache()
+    logits = cache.forward(SEQ)
+    np.testing.assert_array_equal(logits, ref)
+    hidden = np.stack([cache.hidden_at(p) for p in range(len(SEQ))])  # [n, d]
+    rows = projection_rows(d, np.arange(after.vocab_size))  # [vocab, d]
+    np.testing.assert_allclose(hidden @ rows.T, logits, atol=1e-3)
+
+
+def test_a_cache_serves_a_hidden_row_only_while_it_holds_its_position(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    lm = OnnxCausalLM(_with_hidden(exported["qwen2"], tmp_path / "q"), ONE)
+    cache = lm.new_cache()
+    cache.forward(SEQ)
+    assert cache.hidden_at(16) is not None and cache.hidden_at(17) is None  # Not a row past the end
+    cache.truncate(10)
+    assert cache.hidden_at(12) is None and cache.hidden_at(9) is not None  # rolled back past 12
+    cache.forward([1, 2])
+    assert cache.hidden_at(9) is None  # an earlier pass's row: not kept
+    assert cache.hidden_at(10) is not None and cache.hidden_at(11) is not None
+    cache.append([3, 4, 5])  # a prefill keeps its last row (the one a first draft reads)
+    assert cache.hidden_at(14) is not None and cache.hidden_at(13) is None
+
+
+def test_int8_projection_rows_give_the_int8_logits(int8_qwen2: Path, tmp_path: Path) -> None:
+    d = _with_hidden(int8_qwen2, tmp_path / "q8")
+    lm = OnnxCausalLM(d, ONE)
+    cache = lm.new_cache()
+    logits = cache.forward(SEQ)
+    hidden = np.stack([cache.hidden_at(p) for p in range(len(SEQ))])
+    approx = hidden @ projection_rows(d, np.arange(lm.vocab_size)).T  # the activation is not quantized
+    agree = np.mean(np.argmax(approx, -1) == np.argmax(logits, -1))
+    assert agree >= 0.9, agree
+    assert np.max(np.abs(approx - logits)) < 0.05 * np.max(np.abs(logits))
+
+
+@pytest.fixture(scope="module")
+def int8_qwen2(tiny_checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from specls.models.export import ExportOptions, export_model
+
+    from tests.models.test_quantize import TINY
+
+    opts = ExportOptions(tolerance=1e-4, quantize="int8", agreement=TINY, quant_block_size=32)
+    return export_model(str(tiny_checkpoints["qwen2"]), tmp_path_factory.mktemp("q8") / "m", opts)
+
+
+CODE = [
+    "def add(a, b):\n    return a + b\n\n",
+    "for i in range(10):\n    total += values[i] * weights[i]\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+]
+
+
+def test_a_trained_head_drafts_and_completions_stay_plain_greedy(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    d = _with_hidden(exported["qwen2"], tmp_path / "m")
+    lm = OnnxCausalLM(d, ONE)
+    f = extract_features(lm, CODE * 20, lm.tokenizer.encode, max_tokens=2000, chunk=64)
+    assert f.hidden.shape[0] == f.tokens.shape[0] == f.argmax.shape[0] > 100
+    trained = train_heads(
+        f, lambda ids: projection_rows(d, ids), HeadTraining(heads=3, vocab=64, epochs=2, batch=32)
+    )
+    assert len(trained.blocks) == 3 and len(trained.accuracy) == 3
+    info = HeadInfo(
+        3, int(trained.ids.size), lm.spec.hidden_size, "test", int(f.tokens.size), tuple(trained.accuracy)
+    )
+    write_head_graph(head_dir(d), trained.blocks, trained.rows, trained.ids, info)
+    assert has_feature_head(d)
+    ids, probs = FeatureHead(d, lm.spec.hidden_size).guess(np.zeros(lm.spec.hidden_size, dtype=np.float32))
+    assert ids.shape == (3,) and set(ids.tolist()) <= set(trained.ids.tolist()) and np.all(probs <= 1.0)
+
+    base = dict(model=str(d), threads=1, draft_model=False, lookup=False, lru_size=0, costs_cache=False)
+    plain = OnnxEngine(EngineSettings(speculation=False, **base))  # type: ignore[arg-type]
+    with_head = OnnxEngine(EngineSettings(**base))  # type: ignore[arg-type]
+    without = OnnxEngine(EngineSettings(feature_head=False, **base))  # type: ignore[arg-type]
+    for e in (plain, with_head, without):
+        e.load()
+    drafted = 0
+    for i, text in enumerate(CODE):
+        req = CompletionRequest(doc_id=f"d{i}", prefix=text[: len(text) // 2], suffix="", max_tokens=24)
+        want = plain.complete(req).text
+        got = with_head.complete(req)
+        assert got.text == want, f"text {i}"
+        assert without.complete(req).decode.drafted == 0  # Not the head: turned off
+        drafted += got.decode.per_drafter["head"].drafted if "head" in got.decode.per_drafter else 0
+    assert drafted > 0
