@@ -337,6 +337,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
     p.add_argument("--max-tokens", type=int, default=None)
+    d = NextEditSettings()
+    p.add_argument("--lines-before", type=int, default=d.lines_before, help="region lines above the cursor's")
+    p.add_argument("--lines-after", type=int, default=d.lines_after, help="region lines below the cursor's")
     p.add_argument(
         "--no-plain",
         action="store_true",
@@ -371,7 +374,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     engine = OnnxEngine(engine_settings(vars(args), EngineSettings(costs_cache=False)))
     engine.load()
-    return run_bench(engine, opt, NextEditSettings())
+    return run_bench(
+        engine, opt, NextEditSettings(lines_before=args.lines_before, lines_after=args.lines_after)
+    )
 
 
 def source_pairs(opt: EditBenchOptions) -> list[tuple[str, Path, Path]]:

@@ -257,6 +257,18 @@ def _edits_block(p: EditPrompt) -> str:
     )
 
 
+def _edit_blocks(p: EditPrompt) -> str:
+    """The recent edits as before/after code blocks (what Sweep found its models read better than
+    unified diffs), each named by its file and first line."""
+    parts = [
+        f"{d.path}, line {d.start_line + 1}, before:\n{FENCE}\n{_line(d.old)}{FENCE}\nafter:\n{FENCE}\n"
+        f"{_line(d.new)}{FENCE}\n"
+        for d in p.history
+        if d.old != d.new
+    ]
+    return f"Recent edits, oldest first:\n{''.join(parts)}\n" if parts else "No recent edits.\n\n"
+
+
 def _line(text: str) -> str:
     return text if not text or text.endswith("\n") else text + "\n"
 
@@ -327,6 +339,10 @@ class ChatSnippetLayout(ChatRewriteLayout):
         """Worked examples as earlier chat turns before the request ("": zero-shot)."""
         return ""
 
+    def edits_block(self, p: EditPrompt) -> str:
+        """The recent edits: unified diffs."""
+        return _edits_block(p)
+
     def user_turn(self, p: EditPrompt) -> str:
         view, view_line = p.file_view()
         last_view = view_line + max(1, len(view.splitlines()))
@@ -337,7 +353,7 @@ class ChatSnippetLayout(ChatRewriteLayout):
             f"File {p.path}, lines {view_line + 1}-{last_view}:\n{FENCE}\n{_line(view)}{FENCE}\n\n"
             f"{SNIPPET_INSTRUCTIONS}\n\n"
             f"The code block to edit (lines {first}-{last} of {p.path} as it is now):\n{FENCE}\n"
-            f"{_line(p.region)}{FENCE}\n\n{_edits_block(p)}"
+            f"{_line(p.region)}{FENCE}\n\n{self.edits_block(p)}"
             f"The cursor is on line {first + p.region[:cursor].count(chr(10))}."
         )
 
@@ -369,6 +385,20 @@ class ChatFewShotLayout(ChatSnippetLayout):
     def examples(self) -> str:
         reply = f"{FENCE}\n{EXAMPLE_REPLY}{FENCE}"
         return f"<|im_start|>user\n{self.user_turn(EXAMPLE)}<|im_end|>\n<|im_start|>assistant\n{reply}<|im_end|>\n"
+
+
+class ChatBlocksLayout(ChatFewShotLayout):
+    """``chat-fewshot`` with the recent edits as before/after code blocks instead of unified diffs.
+
+    >>> text = BLOCKS.render(EditPrompt("a.py", "", "b\\n", "", history=[EditDiff("a.py", "x\\n", "y\\n", 2)]))
+    >>> "a.py, line 3, before:\\n```\\nx\\n```\\nafter:\\n```\\ny\\n```" in text, "@@" in text
+    (True, False)
+    """
+
+    name = "chat-blocks"
+
+    def edits_block(self, p: EditPrompt) -> str:
+        return _edit_blocks(p)
 
 
 class FimRewriteLayout(EditLayout):
@@ -411,12 +441,13 @@ SWEEP_FILE = SweepLayout(file_context=True)
 CHAT = ChatRewriteLayout()
 SNIPPET = ChatSnippetLayout()
 FEW_SHOT = ChatFewShotLayout()
+BLOCKS = ChatBlocksLayout()
 FIM = FimRewriteLayout()
 LAYOUTS: dict[str, EditLayout] = {
-    layout.name: layout for layout in (SWEEP, SWEEP_FILE, CHAT, SNIPPET, FEW_SHOT, FIM)
+    layout.name: layout for layout in (SWEEP, SWEEP_FILE, CHAT, SNIPPET, FEW_SHOT, BLOCKS, FIM)
 }
 # for models not trained on a next-edit layout
-ZERO_SHOT = ("chat-rewrite", "chat-snippet", "chat-fewshot", "fim-rewrite")
+ZERO_SHOT = ("chat-rewrite", "chat-snippet", "chat-fewshot", "chat-blocks", "fim-rewrite")
 
 
 def get_layout(name: str) -> EditLayout:

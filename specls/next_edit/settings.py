@@ -10,17 +10,20 @@ class NextEditSettings:
     """The edit path's knobs (``specls.next_edit.engine_path``); docs/next-edit.md says why each.
 
     The region: whole lines from ``lines_before`` above the cursor's line to ``lines_after`` below
-    it: 24 lines, the window of the issue's first probe, where most next edits fell inside (``specls
-    bench edit`` measures others). Around it the prompt shows up to ``window_before``/``window_after``
-    lines of the file, the newest ``history`` edits and ``context_files`` other open files (each cut
-    to ``context_chars``), shrunk until the prompt fits ``prompt_tokens`` plus the rewrite's budget.
+    it: 12 lines, most of them below the cursor where the next edit mostly is. The region is what
+    each request re-prefills and decodes, so its size is latency (``specls bench edit
+    --lines-before/--lines-after`` measures quality against it; bench/README.md, "Next edits").
+    Around it the prompt shows up to ``window_before``/``window_after`` lines of the file (a view
+    kept across requests), the newest ``history`` edits and ``context_files`` other open files (each
+    cut to ``context_chars``), shrunk until the prompt fits ``prompt_tokens`` plus the rewrite's
+    budget.
     """
 
-    lines_before: int = 11
-    lines_after: int = 12
-    window_before: int = 40
-    window_after: int = 20
-    history: int = 6
+    lines_before: int = 3
+    lines_after: int = 8
+    window_before: int = 24
+    window_after: int = 12
+    history: int = 4
     context_files: int = 1
     context_chars: int = 2_000
     prompt_tokens: int = 1_536

@@ -158,7 +158,7 @@ def test_a_cancelled_request_and_an_unknown_layout() -> None:
     engine = OnnxEngine(EngineSettings(costs_cache=False), models, SMALL)
     assert engine.next_edit(request(), cancelled=lambda: True).cancelled
     with pytest.raises(
-        EngineError, match="unknown next-edit layout 'nope'; known: chat-fewshot, chat-rewrite"
+        EngineError, match="unknown next-edit layout 'nope'; known: chat-blocks, chat-fewshot, chat-rewrite"
     ):
         engine.next_edit(request(layout="nope"))
 

@@ -44,6 +44,7 @@ def test_layouts_are_named_and_selectable() -> None:
         "chat-rewrite",
         "chat-snippet",
         "chat-fewshot",
+        "chat-blocks",
         "fim-rewrite",
     }
     assert set(ZERO_SHOT) <= set(LAYOUTS)
