@@ -14,6 +14,7 @@ _COMMAND_MODULES = (
     "specls.models.cli",  # export, train, eval
     "specls.models_cmd",  # models [list|pull|rm]
     "specls.datastore_cmd",  # datastore [build|list]
+    "specls.head_cmd",  # head [train|show]
     "specls.complete_cmd",  # complete
     "specls.next_edit_cmd",  # next-edit
     "specls.bench",  # bench [decode|lsp|real|team]

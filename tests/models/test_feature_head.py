@@ -4,14 +4,12 @@ trained here drafts through the engine and the completion stays the plain greedy
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from specls.api import CompletionRequest
-from specls.engine import OnnxEngine
-from specls.engine_settings import EngineSettings
 from specls.models.feature_head import FeatureHead, HeadInfo, has_feature_head, head_dir, write_head_graph
 from specls.models.feature_head_train import (
     HeadTraining,
@@ -22,6 +20,10 @@ from specls.models.feature_head_train import (
 from specls.models.hidden_output import HIDDEN_NAME, add_hidden_output
 from specls.models.runtime import OnnxCausalLM, RuntimeSettings
 from specls.models.spec import load_spec
+
+from specls.api import CompletionRequest
+from specls.engine import OnnxEngine
+from specls.engine_settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 
@@ -131,3 +133,46 @@ def test_a_trained_head_drafts_and_completions_stay_plain_greedy(
         assert without.complete(req).decode.drafted == 0  # Not the head: turned off
         drafted += got.decode.per_drafter["head"].drafted if "head" in got.decode.per_drafter else 0
     assert drafted > 0
+
+
+def test_specls_head_train_then_show(
+    exported: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specls.cli import main
+
+    d = tmp_path / "m"
+    shutil.copytree(exported["llama"], d)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, text in enumerate(CODE * 4):
+        (corpus / f"f{i}.py").write_text(text * 3)
+    assert main(["head", "show", "--model", str(d)]) == 1  # none yet
+    rc = main(
+        [
+            "head",
+            "train",
+            "--model",
+            str(d),
+            "--from",
+            str(corpus),
+            "--tokens",
+            "600",
+            "--vocab",
+            "64",
+            "--heads",
+            "2",
+            "--epochs",
+            "1",
+            "--threads",
+            "1",
+            "--features",
+            str(tmp_path / "f.npz"),
+        ]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["positions"] >= 200 and len(report["accuracy"]) == 2
+    assert load_spec(d).hidden_name == HIDDEN_NAME and has_feature_head(d) and (tmp_path / "f.npz").is_file()
+    assert main(["head", "show", "--model", str(d)]) == 0
+    assert json.loads(capsys.readouterr().out)["heads"] == 2
+    assert main(["head", "show", "--model", str(tmp_path / "nowhere")]) == 1
