@@ -75,7 +75,7 @@ def request_drafter(
         if state.draft_drafter is None:
             state.draft_drafter = DraftModelDrafter(models.draft, s.drafters)
         model = state.draft_drafter
-    head = _head_drafter(models, state)
+    head = _head_drafter(s, models, state)
     inner: Drafter | None = None
     if lookup is not None or model is not None or head is not None:
         if state.planned_drafter is None:
@@ -90,10 +90,11 @@ def request_drafter(
     return TimedDrafter(drafter), reuse is not None
 
 
-def _head_drafter(models: LoadedModels, state: DocState) -> HeadDrafter | None:
-    """The document's feature-head drafter, reading this request's target cache (None: no head)."""
+def _head_drafter(settings: EngineSettings, models: LoadedModels, state: DocState) -> HeadDrafter | None:
+    """The document's feature-head drafter, reading this request's target cache (None: no head, or
+    ``feature_head`` off for this engine)."""
     parts = models.head
-    if parts is None:
+    if parts is None or not settings.feature_head:
         return None
     if state.head_drafter is None:
         state.head_drafter = HeadDrafter(parts.guess, parts.heads)

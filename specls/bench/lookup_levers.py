@@ -1,6 +1,8 @@
 """``bench real``'s lookup levers: prompt lookup over the open buffers only (``lookup``), plus the
 task's workspace (``lookup+workspace``), plus a code datastore (``lookup+datastore``), and the draft
-model with all of them (``hybrid+datastore``); each source's memory and start-up cost.
+model with all of them (``hybrid+datastore``), the target's feature head with all the lookup sources
+(``lookup+datastore+head``) and alone (``head``: no lookup; what the head accepts by position); each
+source's memory and start-up cost.
 
 A workspace is a novel task's package less the files that hold a task (``novel_tasks.workspace_of``),
 indexed as the engine's workspace index does (``build_workspace``); the datastore is the one
@@ -21,7 +23,7 @@ from typing import Any
 
 from specls.decoder.planned import PolicyState
 
-LEVERS = ("lookup+workspace", "lookup+datastore", "hybrid+datastore")
+LEVERS = ("lookup+workspace", "lookup+datastore", "hybrid+datastore", "lookup+datastore+head", "head")
 
 
 def _fresh(policy: PolicyState) -> PolicyState:
@@ -108,7 +110,7 @@ class LookupLevers:
         key = (method, package)
         if key not in self._engines:
             folders = [self.workspace(package, exclude)] if package is not None else []
-            if method.endswith("+datastore"):
+            if "+datastore" in method:
                 folders.append(self.datastore())
             hybrid = method.startswith("hybrid")
             if method not in self._models:
@@ -117,7 +119,11 @@ class LookupLevers:
                     m, policy=_fresh(m.policy), lookup_policy=_fresh(m.lookup_policy)
                 )
             settings = dataclasses.replace(
-                self._base, draft_model=hybrid and self._base.draft_model, datastore=",".join(folders) or None
+                self._base,
+                draft_model=hybrid and self._base.draft_model,
+                datastore=",".join(folders) or None,
+                feature_head=method.endswith("head"),
+                lookup=method != "head",
             )
             from specls.engine import OnnxEngine
 
@@ -125,9 +131,47 @@ class LookupLevers:
         return self._engines[key]
 
     def report(self) -> list[str]:
-        """One line per source: tokens, memory (mapped), time to make or open, build peak."""
-        return [
+        """One line per source: tokens, memory (mapped), time to make or open, build peak; the feature
+        head's cost per guess and what each head lever's policy learned."""
+        lines = [
             f"lookup source {label}: {c['tokens']} tokens from {c['documents']} files, {c['mib']} MiB, "
             f"ready in {c['start_s']} s (peak {c['peak_build_mib']} MiB while building)"
             for label, c in self.costs.items()
         ]
+        head = self.head_report()
+        if head:
+            lines.append(f"feature head: {head}")
+        return lines
+
+    def head_report(self) -> dict[str, object]:
+        """The feature head's guess cost against a one-token target pass (timed here, fastest of
+        rounds), its description, and the head levers' learned acceptance by position."""
+        parts = self._engine.models.head
+        if parts is None:
+            return {}
+        out: dict[str, object] = {**parts.info, **head_cost(self._engine.models)}
+        for method, models in self._models.items():
+            if method.endswith("head"):
+                snap = models.lookup_policy.snapshot()
+                out[method] = {k: snap[k] for k in ("choices", "head_accept", "lookup_accept")}
+        return out
+
+
+def head_cost(models: Any, rounds: int = 5, prefix: int = 64) -> dict[str, float]:
+    """ms of a one-token target pass and of one head guess after a ``prefix``-token context, each the
+    fastest of ``rounds`` (a busy host only adds time), and their ratio."""
+    parts = models.head
+    cache = models.target.new_cache()
+    cache.forward([(7 * i + 3) % models.target.vocab_size for i in range(prefix)])
+    hidden = parts.features(cache)(prefix - 1)
+    pass_ms, guess_ms = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        cache.forward([11])
+        pass_ms.append((time.perf_counter() - t0) * 1e3)
+        cache.truncate(prefix)
+        t0 = time.perf_counter()
+        parts.guess(hidden)
+        guess_ms.append((time.perf_counter() - t0) * 1e3)
+    p, g = min(pass_ms), min(guess_ms)
+    return {"pass_ms": round(p, 2), "guess_ms": round(g, 3), "guess_per_pass": round(g / p, 4)}

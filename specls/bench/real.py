@@ -823,11 +823,13 @@ def _lineup(opt: RealBenchOptions, say: Callable[[str], Any]) -> _Lineup | None:
         say(f"specls bench real: {exc}\n")
         return None
     say(f"bench real: specls loaded in {time.perf_counter() - t0:.1f} s\n")
+    # loaded with the target's feature head when it has one; only the head levers draft with it
+    base = replace(base, feature_head=False)
     engines = {
         "plain": hybrid.with_settings(replace(base, speculation=False)),
         "lookup": hybrid.with_settings(replace(base, draft_model=False)),
         "draft": hybrid.with_settings(replace(base, lookup=False)),
-        "hybrid": hybrid,
+        "hybrid": hybrid.with_settings(base),
     }
     hf: HfGguf | None = None
     hf_tok: Any = None
@@ -979,6 +981,7 @@ def _json_report(
         "drafting_policy": policies[0],
         "lookup_policy": policies[1],
         "lookup_sources": levers.costs,
+        "feature_head": levers.head_report(),
         "divergences": {
             t: {m: c.first_divergence for m, c in cells.items() if c.first_divergence}
             for t, cells in results.items()
