@@ -18,7 +18,7 @@ from specls.models.feature_head_train import (
     train_heads,
 )
 from specls.models.hidden_output import HIDDEN_NAME, add_hidden_output
-from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+from specls.models.runtime import OnnxCausalLM, OrtKVCache, RuntimeSettings
 from specls.models.spec import load_spec
 
 from specls.api import CompletionRequest
@@ -29,6 +29,14 @@ pytestmark = pytest.mark.slow
 
 SEQ = [5, 17, 42, 99, 3, 250, 7, 7, 120, 64, 11, 290, 33, 8, 150, 201, 77]
 ONE = RuntimeSettings(threads=1, provider="cpu")
+
+
+def _rows(cache: object, n: int) -> np.ndarray:
+    """The hidden rows of positions 0..n-1 the cache's last pass computed: [n, d]."""
+    assert isinstance(cache, OrtKVCache)
+    rows = [cache.hidden_at(p) for p in range(n)]
+    assert all(r is not None for r in rows)
+    return np.stack([r for r in rows if r is not None])
 
 
 def _with_hidden(src: Path, dst: Path) -> Path:
@@ -49,7 +57,7 @@ def test_hidden_output_keeps_logits_and_is_what_the_projection_reads(
     cache = after.new_cache()
     logits = cache.forward(SEQ)
     np.testing.assert_array_equal(logits, ref)
-    hidden = np.stack([cache.hidden_at(p) for p in range(len(SEQ))])  # [n, d]
+    hidden = _rows(cache, len(SEQ))  # [n, d]
     rows = projection_rows(d, np.arange(after.vocab_size))  # [vocab, d]
     np.testing.assert_allclose(hidden @ rows.T, logits, atol=1e-3)
 
@@ -75,7 +83,7 @@ def test_int8_projection_rows_give_the_int8_logits(int8_qwen2: Path, tmp_path: P
     lm = OnnxCausalLM(d, ONE)
     cache = lm.new_cache()
     logits = cache.forward(SEQ)
-    hidden = np.stack([cache.hidden_at(p) for p in range(len(SEQ))])
+    hidden = _rows(cache, len(SEQ))
     approx = hidden @ projection_rows(d, np.arange(lm.vocab_size)).T  # the activation is not quantized
     agree = np.mean(np.argmax(approx, -1) == np.argmax(logits, -1))
     assert agree >= 0.9, agree
@@ -128,10 +136,12 @@ def test_a_trained_head_drafts_and_completions_stay_plain_greedy(
     for i, text in enumerate(CODE):
         req = CompletionRequest(doc_id=f"d{i}", prefix=text[: len(text) // 2], suffix="", max_tokens=24)
         want = plain.complete(req).text
-        got = with_head.complete(req)
-        assert got.text == want, f"text {i}"
-        assert without.complete(req).decode.drafted == 0  # Not the head: turned off
-        drafted += got.decode.per_drafter["head"].drafted if "head" in got.decode.per_drafter else 0
+        result = with_head.complete(req)
+        assert result.text == want, f"text {i}"
+        got, off = result.decode, without.complete(req).decode
+        assert got is not None and off is not None
+        assert off.drafted == 0  # Not the head: turned off
+        drafted += got.per_drafter["head"].drafted if "head" in got.per_drafter else 0
     assert drafted > 0
 
 
