@@ -2,8 +2,9 @@
 
 The target's verify pass already computes the hidden state its vocabulary projection reads
 (``models.hidden_output``); a head maps the one at the last accepted position t to the target's argmax
-at t + k (Medusa-style: ``x = h + SiLU(W_k h + b_k)``, then the target's own projection rows for a
-reduced vocabulary). All K guesses come from one small graph run, no draft model and no KV: a step
+at t + k (chained Medusa-style heads: ``x = h + SiLU(W_k [h, e_1, ..., e_k] + b_k)``, e_1 the embedding of
+the token the target committed from t and e_j the earlier heads' guesses, then the target's own
+projection rows for a reduced vocabulary). All K guesses come from one small graph run, no draft model and no KV: a step
 costs a few percent of a target pass where a separate small draft model costs a third, so it pays on
 code with nothing to copy. Every guess is still verified by the target, so the output stays exactly
 its greedy output.
@@ -73,8 +74,8 @@ def has_feature_head(model_dir: Path) -> bool:
 
 
 class FeatureHead:
-    """A loaded head: ``guess(hidden)`` -> (ids [K] int64, probs [K] float32), the K heads' top tokens
-    and their probabilities under the reduced vocabulary."""
+    """A loaded head: ``guess(hidden, token)`` -> (ids [K] int64, probs [K] float32), the K chained
+    heads' top tokens and their probabilities under the reduced vocabulary."""
 
     def __init__(self, model_dir: Path, hidden_size: int, threads: int = 1) -> None:
         import onnxruntime as ort
@@ -103,10 +104,15 @@ class FeatureHead:
     def heads(self) -> int:
         return self.info.heads
 
-    def guess(self, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """hidden: [d] -> (ids [K] int64, probs [K] float32)."""
+    def guess(self, hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+        """hidden: [d] at a position, token: the one the target committed from it -> (ids [K] int64,
+        probs [K] float32): the guesses for the tokens after ``token``."""
         t0 = time.perf_counter()
-        ids, probs = self.session.run(None, {"hidden": hidden.astype(np.float32, copy=False)[None, :]})
+        feed = {
+            "hidden": hidden.astype(np.float32, copy=False)[None, :],
+            "token": np.array([token], dtype=np.int64),
+        }
+        ids, probs = self.session.run(None, feed)
         self.ms += (time.perf_counter() - t0) * 1e3
         return ids, probs
 
@@ -117,43 +123,64 @@ def write_head_graph(
     rows: np.ndarray,
     ids: np.ndarray,
     info: HeadInfo,
+    vocab_size: int,
 ) -> Path:
-    """Write the head as one ONNX graph, int8 by ONNX Runtime's dynamic quantization.
+    """Write the chained heads as one ONNX graph, int8 by ONNX Runtime's dynamic quantization.
 
-    hidden [1, d] -> z = hidden @ W + b ([1, K*d], the K blocks side by side) -> x = hidden + SiLU(z)
-    ([K, d]) -> logits = x @ rows^T ([K, V]) -> ids [K] (the reduced vocabulary's token ids), probs [K].
+    hidden [1, d], token [1] (the token the target committed from that position) -> for k = 1..K:
+    ``x = hidden + SiLU([hidden, e_1, ..., e_k] @ W_k + b_k)``, the guess ``argmax(x @ rows^T)``, whose
+    embedding (its projection row) is e_{k+1}; e_1 is the token's (zero outside the vocabulary) ->
+    ids [K] (token ids), probs [K] (each guess's probability under the reduced vocabulary).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    k, d = len(blocks), rows.shape[1]
-    w = np.concatenate([wb[0] for wb in blocks], axis=1).astype(np.float32)  # [d, K*d]
-    b = np.concatenate([wb[1] for wb in blocks]).astype(np.float32)  # [K*d]
+    d, v = rows.shape[1], rows.shape[0]
+    id_map = np.full(vocab_size, v, dtype=np.int64)  # token id -> row of E (v: the zero row)
+    id_map[ids] = np.arange(v)
     inits = [
-        numpy_helper.from_array(w, "W"),
-        numpy_helper.from_array(b, "B"),
+        numpy_helper.from_array(id_map, "id_map"),
+        numpy_helper.from_array(np.concatenate([rows, np.zeros((1, d))]).astype(np.float32), "E"),
         numpy_helper.from_array(np.ascontiguousarray(rows.T.astype(np.float32)), "P"),  # [d, V]
         numpy_helper.from_array(ids.astype(np.int64), "ids_table"),
-        numpy_helper.from_array(np.array([k, d], dtype=np.int64), "kd"),
     ]
     nodes = [
-        helper.make_node("MatMul", ["hidden", "W"], ["z0"]),
-        helper.make_node("Add", ["z0", "B"], ["z1"]),
-        helper.make_node("Reshape", ["z1", "kd"], ["z"]),  # [K, d]
-        helper.make_node("Sigmoid", ["z"], ["sig"]),
-        helper.make_node("Mul", ["z", "sig"], ["silu"]),
-        helper.make_node("Add", ["hidden", "silu"], ["x"]),  # [K, d] (hidden broadcasts)
-        helper.make_node("MatMul", ["x", "P"], ["logits"]),  # [K, V]
-        helper.make_node("Softmax", ["logits"], ["p"], axis=-1),
-        helper.make_node("ArgMax", ["p"], ["best"], axis=-1, keepdims=0),  # [K]
-        helper.make_node("ReduceMax", ["p"], ["probs"], keepdims=0, axes=[-1]),  # [K]
-        helper.make_node("Gather", ["ids_table", "best"], ["ids"]),
+        helper.make_node("Gather", ["id_map", "token"], ["r1"]),  # [1]
+        helper.make_node("Gather", ["E", "r1"], ["e1"]),  # [1, d]
+    ]
+    for k, (w, b) in enumerate(blocks, start=1):
+        inits += [
+            numpy_helper.from_array(w.astype(np.float32), f"W{k}"),
+            numpy_helper.from_array(b.astype(np.float32), f"B{k}"),
+        ]
+        embs = [f"e{j}" for j in range(1, k + 1)]
+        nodes += [
+            helper.make_node("Concat", ["hidden", *embs], [f"in{k}"], axis=1),  # [1, (k + 1) d]
+            helper.make_node("MatMul", [f"in{k}", f"W{k}"], [f"z{k}a"]),
+            helper.make_node("Add", [f"z{k}a", f"B{k}"], [f"z{k}"]),  # [1, d]
+            helper.make_node("Sigmoid", [f"z{k}"], [f"s{k}"]),
+            helper.make_node("Mul", [f"z{k}", f"s{k}"], [f"silu{k}"]),
+            helper.make_node("Add", ["hidden", f"silu{k}"], [f"x{k}"]),
+            helper.make_node("MatMul", [f"x{k}", "P"], [f"l{k}"]),  # [1, V]
+            helper.make_node("Softmax", [f"l{k}"], [f"p{k}"], axis=-1),
+            helper.make_node("ArgMax", [f"p{k}"], [f"best{k}"], axis=-1, keepdims=0),  # [1]
+            helper.make_node("ReduceMax", [f"p{k}"], [f"prob{k}"], keepdims=0, axes=[-1]),  # [1]
+            helper.make_node("Gather", ["ids_table", f"best{k}"], [f"id{k}"]),  # [1]
+            helper.make_node("Gather", ["E", f"best{k}"], [f"e{k + 1}"]),  # [1, d]
+        ]
+    k = len(blocks)
+    nodes += [
+        helper.make_node("Concat", [f"id{j}" for j in range(1, k + 1)], ["ids"], axis=0),
+        helper.make_node("Concat", [f"prob{j}" for j in range(1, k + 1)], ["probs"], axis=0),
     ]
     graph = helper.make_graph(
         nodes,
         "feature_head",
-        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, d])],
+        [
+            helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, d]),
+            helper.make_tensor_value_info("token", TensorProto.INT64, [1]),
+        ],
         [
             helper.make_tensor_value_info("ids", TensorProto.INT64, [k]),
             helper.make_tensor_value_info("probs", TensorProto.FLOAT, [k]),
@@ -166,7 +193,8 @@ def write_head_graph(
     fp32 = folder / "head.fp32.onnx"
     onnx.save(model, str(fp32))
     out = folder / HEAD_GRAPH
-    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8)
+    # the MatMul weights only: the embedding table is read a row at a time
+    quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
     fp32.unlink()
     info.write(folder / HEAD_INFO)
     log.info("wrote %s (%d heads, vocabulary %d)", out, k, ids.size)

@@ -1,17 +1,19 @@
 """Train a feature draft head (``models.feature_head``) for an exported target, on this machine.
 
-Three steps, each resumable from its file in ``out``:
+Three steps (``specls head train`` runs them; ``--features`` keeps the first one's output):
 
 1. ``extract_features``: the target reads code in chunks (one fresh sequence each); per position it
    keeps the hidden state its vocabulary projection reads (fp16), the token and the target's own
    argmax there (``features.npz``). Needs the graph's hidden output (``models.hidden_output``).
-2. ``train_heads``: K small heads, head k mapping the hidden state at t to the target's argmax at
-   t + k (the token after the one the target itself commits from t), Medusa-style: a residual SiLU
-   block whose output goes through the target's own projection rows for a reduced vocabulary
-   (frozen, so only the blocks learn). A position counts for head k only where the text agrees with
-   the target's argmax at t+1..t+k, so each head learns what a greedy decode would see there.
-3. ``export_heads``: one ONNX graph (hidden [hidden] -> the K heads' token ids and top probabilities),
-   int8 by ONNX Runtime's dynamic quantization, with ``feature_head.json``.
+2. ``train_heads``: K chained heads, head k mapping the hidden state at t and the tokens t+1..t+k
+   (the one the target commits from t, then the earlier heads' guesses) to the target's argmax at
+   t + k: a residual SiLU block whose output goes through the target's own projection rows for a
+   reduced vocabulary (frozen, so only the blocks learn). A position counts for head k only where the
+   text agrees with the target's argmax at t+1..t+k, so each head learns what a greedy decode would
+   see there.
+3. ``models.feature_head.write_head_graph``: one ONNX graph (hidden state and token -> the K heads'
+   token ids and probabilities), int8 by ONNX Runtime's dynamic quantization, with
+   ``feature_head.json``.
 
 Torch is needed for step 2-3 only (the ``export`` extra).
 """
@@ -145,13 +147,15 @@ def projection_rows(model_dir: Path, ids: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class HeadTraining:
     """One run's knobs. Defaults: a few heads (each later one is right less often given the earlier
-    ones), a vocabulary that covers nearly every token code is written in, two passes over the data."""
+    ones), a vocabulary that covers nearly every token code is written in, a few passes over the
+    data, a little weight decay (the heads are large for the positions a CPU collects)."""
 
     heads: int = 4
     vocab: int = 8192
-    epochs: int = 2
+    epochs: int = 3
     batch: int = 256
     lr: float = 2e-3
+    weight_decay: float = 0.01
     holdout: float = 0.1  # the last chunks' share, for the accuracy report
     seed: int = 0
 
@@ -159,9 +163,9 @@ class HeadTraining:
 @dataclass
 class TrainedHeads:
     ids: np.ndarray  # [vocab] int64: the reduced vocabulary, by frequency
-    blocks: list[tuple[np.ndarray, np.ndarray]]  # per head: weight [d, d], bias [d]
-    rows: np.ndarray  # [vocab, d] the projection rows (frozen)
-    accuracy: list[float]  # per head, on the held-out chunks
+    blocks: list[tuple[np.ndarray, np.ndarray]]  # per head k: weight [(k + 1) * d, d], bias [d]
+    rows: np.ndarray  # [vocab, d] the projection rows (frozen; also the token embeddings)
+    accuracy: list[float]  # per head, on the held-out chunks, the earlier tokens right
     base_accuracy: list[float]  # the same before training (the projection of h_t itself)
     samples: list[int]  # training positions per head
     coverage: float  # share of labels inside the reduced vocabulary
@@ -174,77 +178,111 @@ def _vocab(f: FeatureSet, size: int) -> np.ndarray:
     return np.sort(order[counts[order] > 0]).astype(np.int64)
 
 
+@dataclass
+class _HeadData:
+    """Head k's positions: the hidden state at t, the tokens t+1..t+k (reduced indices; the vocabulary
+    size for a token outside it, a zero embedding) and the label (the argmax at t + k)."""
+
+    at: np.ndarray  # [n]
+    tokens: np.ndarray  # [n, k]
+    labels: np.ndarray  # [n]
+    train: np.ndarray  # [n] bool: not held out
+
+
+def _head_data(f: FeatureSet, k: int, index: np.ndarray, cut: int) -> _HeadData:
+    at = head_samples(f, k)
+    labels = index[f.argmax[at + k]]
+    at, labels = at[labels >= 0], labels[labels >= 0]
+    toks = np.stack([index[f.tokens[at + j]] for j in range(1, k + 1)], axis=1)  # [n, k]
+    toks[toks < 0] = index.max() + 1  # the zero row
+    return _HeadData(at, toks, labels, f.chunk[at] <= cut)
+
+
 def train_heads(
     f: FeatureSet, rows_of: Callable[[np.ndarray], np.ndarray], cfg: HeadTraining
 ) -> TrainedHeads:
-    """Train ``cfg.heads`` heads on ``f``; ``rows_of(ids)`` gives the projection rows."""
+    """Train ``cfg.heads`` chained heads on ``f``; ``rows_of(ids)`` gives the projection rows.
+
+    Head k reads the hidden state at t and the embeddings (the projection rows: tied in the models
+    this is for, and a fine start otherwise) of the tokens t+1..t+k: the one the target commits from t,
+    then the earlier heads' guesses (when decoding; the true ones here, which is what a guess that
+    verifies is). Knowing the tokens in between is what makes a later head right more often."""
     import torch
 
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     ids = _vocab(f, cfg.vocab)
-    index = np.full(int(f.argmax.max()) + 1, -1, dtype=np.int64)
+    index = np.full(int(max(f.argmax.max(), f.tokens.max())) + 1, -1, dtype=np.int64)
     index[ids] = np.arange(ids.size)
     coverage = float(np.mean(index[f.argmax] >= 0))
     rows = rows_of(ids)
     proj = torch.from_numpy(rows)  # [V, d]
-    cut = int(f.chunk.max() * (1 - cfg.holdout))
+    emb = torch.cat([proj, torch.zeros(1, rows.shape[1])])  # [V + 1, d]: the last row for other tokens
     hidden = torch.from_numpy(f.hidden)  # [N, d] fp16
-    blocks, acc, base, counts = [], [], [], []
+    cut = int(f.chunk.max() * (1 - cfg.holdout))
+    out = TrainedHeads(ids, [], rows, [], [], [], coverage, 0.0)
     for k in range(1, cfg.heads + 1):
-        at = head_samples(f, k)
-        labels = index[f.argmax[at + k]]
-        keep = labels >= 0
-        at, labels = at[keep], labels[keep]
-        train = f.chunk[at] <= cut
-        block = torch.nn.Linear(rows.shape[1], rows.shape[1])
+        data = _head_data(f, k, index, cut)
+        block = torch.nn.Linear((k + 1) * rows.shape[1], rows.shape[1])
         torch.nn.init.zeros_(block.weight)  # starts as the projection of h_t itself
         torch.nn.init.zeros_(block.bias)
-        test_h, test_y = hidden[at[~train]].float(), torch.from_numpy(labels[~train])
-        base.append(_accuracy(block, proj, test_h, test_y))
-        _fit(block, proj, hidden, at[train], torch.from_numpy(labels[train]), cfg)
-        acc.append(_accuracy(block, proj, test_h, test_y))
-        counts.append(int(train.sum()))
-        blocks.append((block.weight.detach().numpy().T.copy(), block.bias.detach().numpy().copy()))
+        head = _Head(block, proj, emb, hidden)
+        test = np.nonzero(~data.train)[0]
+        out.base_accuracy.append(head.accuracy(data, test))
+        head.fit(data, np.nonzero(data.train)[0], cfg)
+        out.accuracy.append(head.accuracy(data, test))
+        out.samples.append(int(data.train.sum()))
+        out.blocks.append((block.weight.detach().numpy().T.copy(), block.bias.detach().numpy().copy()))
         log.info(
-            "head %d: %d samples, held-out top-1 %.3f (untrained %.3f)", k, counts[-1], acc[-1], base[-1]
+            "head %d: %d samples, held-out top-1 %.3f (untrained %.3f)",
+            k,
+            out.samples[-1],
+            out.accuracy[-1],
+            out.base_accuracy[-1],
         )
-    return TrainedHeads(ids, blocks, rows, acc, base, counts, coverage, time.perf_counter() - t0)
+    out.train_s = time.perf_counter() - t0
+    return out
 
 
-def _head_logits(block: Any, proj: Any, h: Any) -> Any:
-    import torch
+class _Head:
+    """One head in training: ``x = h + SiLU(W [h, e(t+1), ..., e(t+k)] + b)``, logits ``x @ rows^T``."""
 
-    return (h + torch.nn.functional.silu(block(h))) @ proj.T  # [B, V]
+    def __init__(self, block: Any, proj: Any, emb: Any, hidden: Any) -> None:
+        self.block, self.proj, self.emb, self.hidden = block, proj, emb, hidden
 
+    def logits(self, data: _HeadData, rows: np.ndarray) -> Any:
+        import torch
 
-def _accuracy(block: Any, proj: Any, h: Any, y: Any) -> float:
-    import torch
+        h = self.hidden[torch.from_numpy(data.at[rows])].float()  # [B, d]
+        e = self.emb[torch.from_numpy(data.tokens[rows])].flatten(1)  # [B, k * d]
+        return (h + torch.nn.functional.silu(self.block(torch.cat([h, e], -1)))) @ self.proj.T  # [B, V]
 
-    if y.numel() == 0:
-        return 0.0
-    with torch.no_grad():
-        hits = sum(
-            int((_head_logits(block, proj, h[i : i + 1024]).argmax(-1) == y[i : i + 1024]).sum())
-            for i in range(0, y.numel(), 1024)
-        )
-    return hits / y.numel()
+    def accuracy(self, data: _HeadData, rows: np.ndarray) -> float:
+        import torch
 
+        if rows.size == 0:
+            return 0.0
+        with torch.no_grad():
+            hits = sum(
+                int((self.logits(data, b).argmax(-1) == torch.from_numpy(data.labels[b])).sum())
+                for b in np.array_split(rows, max(1, rows.size // 1024))
+            )
+        return hits / rows.size
 
-def _fit(block: Any, proj: Any, hidden: Any, at: np.ndarray, y: Any, cfg: HeadTraining) -> None:
-    import torch
+    def fit(self, data: _HeadData, rows: np.ndarray, cfg: HeadTraining) -> None:
+        import torch
 
-    opt = torch.optim.AdamW(block.parameters(), lr=cfg.lr, weight_decay=0.0)
-    steps = max(1, cfg.epochs * (len(at) // cfg.batch))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / steps))
-    gen = np.random.default_rng(cfg.seed)
-    for _ in range(cfg.epochs):
-        order = gen.permutation(len(at))
-        for i in range(0, len(order) - cfg.batch + 1, cfg.batch):
-            b = order[i : i + cfg.batch]
-            h = hidden[torch.from_numpy(at[b])].float()  # [B, d]
-            loss = torch.nn.functional.cross_entropy(_head_logits(block, proj, h), y[torch.from_numpy(b)])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
+        opt = torch.optim.AdamW(self.block.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        steps = max(1, cfg.epochs * (rows.size // cfg.batch))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1.0 - s / steps))
+        gen = np.random.default_rng(cfg.seed)
+        for _ in range(cfg.epochs):
+            order = gen.permutation(rows)
+            for i in range(0, order.size - cfg.batch + 1, cfg.batch):
+                b = order[i : i + cfg.batch]
+                y = torch.from_numpy(data.labels[b])
+                loss = torch.nn.functional.cross_entropy(self.logits(data, b), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()

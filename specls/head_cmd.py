@@ -96,6 +96,7 @@ def _train(args: argparse.Namespace) -> int:
     )
     from specls.models.hidden_output import add_hidden_output
     from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+    from specls.models.spec import load_spec
 
     model_dir = Path(args.model)
     threads = resolve_threads(args.threads)
@@ -123,7 +124,8 @@ def _train(args: argparse.Namespace) -> int:
         accuracy=tuple(round(a, 4) for a in trained.accuracy),
         train_s=round(extract_s + trained.train_s, 1),
     )
-    write_head_graph(head_dir(model_dir), trained.blocks, trained.rows, trained.ids, info)
+    vocab_size = load_spec(model_dir).vocab_size
+    write_head_graph(head_dir(model_dir), trained.blocks, trained.rows, trained.ids, info, vocab_size)
     report = {
         "positions": int(f.tokens.size),
         "extract_s": round(extract_s, 1),

@@ -171,7 +171,7 @@ def head_cost(models: Any, rounds: int = 5, prefix: int = 64) -> dict[str, float
         pass_ms.append((time.perf_counter() - t0) * 1e3)
         cache.truncate(prefix)
         t0 = time.perf_counter()
-        parts.guess(hidden)
+        parts.guess(hidden, 11)
         guess_ms.append((time.perf_counter() - t0) * 1e3)
     p, g = min(pass_ms), min(guess_ms)
     return {"pass_ms": round(p, 2), "guess_ms": round(g, 3), "guess_per_pass": round(g / p, 4)}

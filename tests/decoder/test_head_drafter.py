@@ -53,10 +53,11 @@ def oracle(lm: FakeLM, wrong_every: int = 0, seed: int = 0) -> tuple[object, lis
     rng = np.random.default_rng(seed)
     calls: list[int] = []
 
-    def guess(hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def guess(hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
         calls.append(1)
         window = [int(t) for t in hidden]
-        ids = np.array(lm.greedy(window, HEADS + 1)[1:], dtype=np.int64)  # after the committed token
+        assert lm.greedy(window, 1) == [token]  # the token the target committed from there
+        ids = np.array(lm.greedy([*window, token], HEADS), dtype=np.int64)
         if wrong_every and len(calls) % wrong_every == 0:
             ids[rng.integers(0, len(ids))] += 1
             ids %= lm.vocab_size
@@ -126,6 +127,13 @@ def test_the_head_reads_the_position_whose_logits_gave_the_last_token() -> None:
         seen.append(p)
         return rows.get(p)
 
-    assert head_proposal(features, lambda h: (np.arange(3), np.ones(3)), 6, 8) == [0, 1, 2]
+    tokens: list[int] = []
+
+    def guess(h: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
+        tokens.append(token)
+        return np.arange(3), np.ones(3)
+
+    assert head_proposal(features, guess, [9, 9, 9, 9, 9, 4], 8) == [0, 1, 2]
     assert seen == [4]  # Not 5: position 5 holds the token the target committed from position 4
-    assert head_proposal(features, lambda h: (np.arange(3), np.ones(3)), 6, 0) == []
+    assert tokens == [4]  # and that token goes with it
+    assert head_proposal(features, guess, [9, 9, 9, 9, 9, 4], 0) == []

@@ -121,9 +121,9 @@ def test_a_trained_head_drafts_and_completions_stay_plain_greedy(
     info = HeadInfo(
         3, int(trained.ids.size), lm.spec.hidden_size, "test", int(f.tokens.size), tuple(trained.accuracy)
     )
-    write_head_graph(head_dir(d), trained.blocks, trained.rows, trained.ids, info)
+    write_head_graph(head_dir(d), trained.blocks, trained.rows, trained.ids, info, lm.vocab_size)
     assert has_feature_head(d)
-    ids, probs = FeatureHead(d, lm.spec.hidden_size).guess(np.zeros(lm.spec.hidden_size, dtype=np.float32))
+    ids, probs = FeatureHead(d, lm.spec.hidden_size).guess(np.zeros(lm.spec.hidden_size, dtype=np.float32), 5)
     assert ids.shape == (3,) and set(ids.tolist()) <= set(trained.ids.tolist()) and np.all(probs <= 1.0)
 
     base = dict(model=str(d), threads=1, draft_model=False, lookup=False, lru_size=0, costs_cache=False)
