@@ -233,10 +233,9 @@ CHAT_INSTRUCTIONS = (
     "unchanged. Reply with the rewritten region only, in one code block, without the markers."
 )
 SNIPPET_INSTRUCTIONS = (
-    "Below are a code block of this file as it is now and the programmer's recent edits. Apply to "
-    "the code block the next edit that the recent edits imply (the same change at the next place it "
-    "fits). If they imply none there, return the block unchanged. Reply with the whole block only, "
-    "in one code block."
+    "Apply to the code block above the next edit that the recent edits imply (the same change at "
+    "the next place it fits). If they imply none there, return the block unchanged. Reply with the "
+    "whole block only, in one code block."
 )
 FENCE = "```"
 
@@ -315,10 +314,11 @@ class ChatRewriteLayout(EditLayout):
 
 class ChatSnippetLayout(ChatRewriteLayout):
     """Zero-shot for instruct models, the region as a code block of its own. The prompt's stable part
-    comes first: the file (``EditPrompt.file_view``: a window kept across requests) and the
-    instructions; then what changes as the user types: the block to edit (the region now), the recent
-    edits and the cursor's line. Successive requests of a document so share the prompt up to the
-    region, and re-prefill only it and what follows (docs/next-edit.md, "The prompt's KV"). The reply
+    comes first: the file (``EditPrompt.file_view``: a window kept across requests); then what
+    changes as the user types: the recent edits, the cursor's line, the block to edit (the region
+    now) and the instruction to return it with the next edit applied. Successive requests of a
+    document so share the prompt up to the edits, and re-prefill only them and what follows
+    (docs/next-edit.md, "The prompt's KV"). The block comes last, right before the reply: the reply
     copies a block the model has just read, start to end, so it starts on the region's first token
     (the region drafter aligned from the first pass) and it knows where the block ends (the closing
     fence, or the end of its turn).
@@ -326,7 +326,7 @@ class ChatSnippetLayout(ChatRewriteLayout):
     >>> text = SNIPPET.render(EditPrompt("a.py", "a\n", "b\n", "c\n", cursor=1))
     >>> "lines 1-3:\n```\na\nb\nc\n```" in text, "(lines 2-2 of a.py as it is now):\n```\nb\n```" in text
     (True, True)
-    >>> text.endswith("The cursor is on line 2.<|im_end|>\n<|im_start|>assistant\n```\n")
+    >>> text.endswith("in one code block.<|im_end|>\n<|im_start|>assistant\n```\n")
     True
     """
 
@@ -351,10 +351,9 @@ class ChatSnippetLayout(ChatRewriteLayout):
         cursor = min(max(p.cursor, 0), len(p.region))
         return (
             f"File {p.path}, lines {view_line + 1}-{last_view}:\n{FENCE}\n{_line(view)}{FENCE}\n\n"
-            f"{SNIPPET_INSTRUCTIONS}\n\n"
+            f"{self.edits_block(p)}The cursor is on line {first + p.region[:cursor].count(chr(10))}. "
             f"The code block to edit (lines {first}-{last} of {p.path} as it is now):\n{FENCE}\n"
-            f"{_line(p.region)}{FENCE}\n\n{self.edits_block(p)}"
-            f"The cursor is on line {first + p.region[:cursor].count(chr(10))}."
+            f"{_line(p.region)}{FENCE}\n\n{SNIPPET_INSTRUCTIONS}"
         )
 
 

@@ -121,7 +121,7 @@ def test_typing_in_the_region_keeps_the_file_view_and_its_kv() -> None:
     assert engine.edits is not None
     prompt = models.tokenizer.decode(engine.edits.last_prompt)
     # the view still shows the file as it was when the first request took it
-    view = prompt[: prompt.index("The code block to edit")]
+    view = prompt[: prompt.index("Recent edits")]
     assert "for name in filenames:" in view and "sorted(" not in view
     assert second.prefix_reused_tokens >= len(view) - 1  # Not ~0: the view's KV is kept
     plain = OnnxEngine(EngineSettings(speculation=False, costs_cache=False), models, edit)

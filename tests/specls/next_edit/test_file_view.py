@@ -27,7 +27,7 @@ def test_a_view_is_kept_while_the_region_stays_in_it() -> None:
     second = ask(typed, 31, first.view)
     assert second.view is not None and second.view.text == first.view.text and second.view.uses == 2
     # the prompts share everything before the block to edit; the block shows the file now
-    cut = first.prompt.index("The code block to edit")
+    cut = first.prompt.index("The cursor is on line")
     assert second.prompt[:cut] == first.prompt[:cut]
     assert "line_30b = 0" in second.prompt[cut:] and "line_30b" not in second.prompt[:cut]
 

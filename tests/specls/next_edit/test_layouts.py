@@ -132,15 +132,21 @@ def test_chat_snippet_layout() -> None:
     text = SNIPPET.render(PROMPT)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n```\n")
     assert "@@ -4 +4 @@\n-def f(a, b):\n+def f(x, b):\n" in text
-    # the file, then the region alone as the block to return (its file lines), then the cursor's line
+    # the file, then the edits, the cursor's line and the region alone as the block to return (its
+    # file lines) right before the reply
     assert "lines 1-8:\n```\nimport os\n\n\ndef f(x, b):\n" in text
     block = "(lines 4-7 of pkg/a.py as it is now):\n```\ndef f(x, b):\n    return x + b\n\ndef g(a, b):\n```"
     assert block in text
     assert text.index(block) > text.index("    return a * b\n")  # after the whole file
     assert "<region>" not in text and CURSOR not in text
-    assert text.endswith("The cursor is on line 4.<|im_end|>\n<|im_start|>assistant\n```\n")
-    # the stable part first: the file and the instructions, then the block, the edits and the cursor
-    assert text.index("Apply to") < text.index(block) < text.index("@@ -4 +4 @@")
+    assert "The cursor is on line 4. The code block" in text
+    # the stable part first: the file, then the edits, then the block and the instruction
+    assert (
+        text.index("    return a * b\n")
+        < text.index("@@ -4 +4 @@")
+        < text.index(block)
+        < text.index("Apply to")
+    )
     assert SNIPPET.parse("def f(x, c):\n```") == "def f(x, c):\n"
     assert SNIPPET.parse("def f(x, c):\n", eos=True) == "def f(x, c):\n"  # the turn ended without a fence
     assert SNIPPET.parse("def f(x, c):\n") is None  # Not a rewrite: cut by the budget
