@@ -186,3 +186,22 @@ def test_specls_head_train_then_show(
     assert main(["head", "show", "--model", str(d)]) == 0
     assert json.loads(capsys.readouterr().out)["heads"] == 2
     assert main(["head", "show", "--model", str(tmp_path / "nowhere")]) == 1
+
+
+def test_head_data_pairs_each_position_with_the_tokens_between_and_the_label() -> None:
+    from specls.models.feature_head_train import FeatureSet, _head_data
+
+    f = FeatureSet(
+        np.zeros((6, 2), dtype=np.float16),
+        tokens=np.array([0, 1, 2, 9, 4, 5]),
+        argmax=np.array([1, 2, 3, 4, 5, 6]),
+        chunk=np.zeros(6, dtype=np.int32),
+    )
+    index = np.arange(10)  # every token in the vocabulary, at its own row
+    one = _head_data(f, 1, index, cut=0)
+    assert one.at.tolist() == [0, 1, 3, 4]  # Not 2: the text after it (9) is not the argmax there (3)
+    assert one.tokens[:, 0].tolist() == [1, 2, 4, 5]  # the token committed from t
+    assert one.labels.tolist() == [2, 3, 5, 6]  # the argmax at t + 1
+    two = _head_data(f, 2, index, cut=0)
+    assert two.at.tolist() == [0, 3]  # Not 1: its t + 2 is the 9
+    assert two.tokens.tolist() == [[1, 2], [4, 5]] and two.labels.tolist() == [3, 6]
