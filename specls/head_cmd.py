@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
     train.add_argument("--tokens", type=int, default=160_000, help="positions of hidden states to collect")
     train.add_argument("--heads", type=int, default=4, help="tokens guessed per pass")
     train.add_argument("--vocab", type=int, default=8192, help="the heads' reduced vocabulary")
-    train.add_argument("--epochs", type=int, default=2)
+    train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--threads", type=int, default=0, help="onnxruntime/torch threads (0: auto)")
     train.add_argument(
         "--features",
