@@ -374,9 +374,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     engine = OnnxEngine(engine_settings(vars(args), EngineSettings(costs_cache=False)))
     engine.load()
-    return run_bench(
-        engine, opt, NextEditSettings(lines_before=args.lines_before, lines_after=args.lines_after)
-    )
+    # every edit is shown (no bar): the quality's show rule is the curve over the bars
+    edit = NextEditSettings(lines_before=args.lines_before, lines_after=args.lines_after, min_margin=None)
+    return run_bench(engine, opt, edit)
 
 
 def source_pairs(opt: EditBenchOptions) -> list[tuple[str, Path, Path]]:

@@ -357,25 +357,38 @@ class ChatSnippetLayout(ChatRewriteLayout):
         )
 
 
-EXAMPLE = EditPrompt(
-    "shapes.py",
-    "",
-    "def perimeter(w, h):\n    return 2 * (w + h)\n",
-    "",
-    history=[EditDiff("shapes.py", "def area(w, h):\n", "def area(w: float, h: float) -> float:\n")],
-    first_line=4,
-    view="def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n",
+EXAMPLE_BEFORE = (
+    "class Settings:\n"
+    '    host: str = "localhost"\n'
+    "    port: int = 8080\n"
+    "    retries: int = 3\n"
+    "    timeout: float = 2.5\n"
 )
-EXAMPLE_REPLY = "def perimeter(w: float, h: float) -> float:\n    return 2 * (w + h)\n"
+EXAMPLE = EditPrompt(
+    "settings.py",
+    "class Settings:\n",
+    '    host: Optional[str] = "localhost"\n    port: int = 8080\n    retries: int = 3\n',
+    "    timeout: float = 2.5\n",
+    cursor=len("    host: Optional[str]"),
+    history=[
+        EditDiff("settings.py", '    host: str = "localhost"\n', '    host: Optional[str] = "localhost"\n', 1)
+    ],
+    first_line=0,
+    view=EXAMPLE_BEFORE,
+)
+# the same change at the next place only: the line after the edited one
+EXAMPLE_REPLY = (
+    '    host: Optional[str] = "localhost"\n    port: Optional[int] = 8080\n    retries: int = 3\n'
+)
 
 
 class ChatFewShotLayout(ChatSnippetLayout):
     """``chat-snippet`` with one worked example before the request (a user turn in the same layout
-    and its answer): an annotation added to one function, the same annotation on the next one. The
+    and its answer): one field's type made ``Optional``, the same change on the next field only. The
     example is part of the prompt's stable start, so its KV is kept as the rest of it is.
 
     >>> text = FEW_SHOT.render(EditPrompt("a.py", "", "b\n", ""))
-    >>> text.count("<|im_start|>user"), "def perimeter(w: float, h: float) -> float:" in text
+    >>> text.count("<|im_start|>user"), "port: Optional[int] = 8080\\n    retries: int = 3" in text
     (2, True)
     """
 
