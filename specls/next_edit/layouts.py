@@ -101,13 +101,17 @@ def _run_on(output: str, after: str) -> int | None:
     return None if i < 0 else i + 1
 
 
-def run_on_text(region: str, suffix: str, lines: int = 2) -> str:
-    """The text after the region that marks a run on: ``suffix`` through its first ``lines``
-    non-blank lines; "" (no run-on end) when that text is short or the region holds it already (a
-    rewrite may repeat it), or at the end of the file.
+def run_on_text(region: str, suffix: str, lines: int = 2, telling: int = 16) -> str:
+    """The text after the region that marks a run on: ``suffix`` through its first non-blank line
+    when that is ``telling`` characters long (a model that copied the region often writes the file's
+    next line and then makes up its own), else through its first ``lines`` non-blank lines; ""
+    (no run-on end) when that text is short or the region holds it already (a rewrite may repeat
+    it), or at the end of the file.
 
     >>> run_on_text("x = 1\\n", "\\ndef g():\\n    pass\\nmore\\n")
     '\\ndef g():\\n    pass\\n'
+    >>> run_on_text("x = 1\\n", "    total += size(path)\\n    return total\\n")
+    '    total += size(path)\\n'
     >>> run_on_text("x = 1\\n", ")\\n\\n")   # too short to be telling
     ''
     """
@@ -115,10 +119,10 @@ def run_on_text(region: str, suffix: str, lines: int = 2) -> str:
     for line in suffix.splitlines(keepends=True):
         out.append(line)
         seen += int(bool(line.strip()))
-        if seen >= lines:
+        if seen >= lines or (seen and len("".join(out).strip()) >= telling):
             break
     text = "".join(out)
-    if seen < lines or len(text.strip()) < 12 or text in region:
+    if not seen or len(text.strip()) < 12 or text in region:
         return ""
     return text
 
@@ -323,10 +327,10 @@ class ChatSnippetLayout(ChatRewriteLayout):
     (the region drafter aligned from the first pass) and it knows where the block ends (the closing
     fence, or the end of its turn).
 
-    >>> text = SNIPPET.render(EditPrompt("a.py", "a\n", "b\n", "c\n", cursor=1))
-    >>> "lines 1-3:\n```\na\nb\nc\n```" in text, "(lines 2-2 of a.py as it is now):\n```\nb\n```" in text
+    >>> text = SNIPPET.render(EditPrompt("a.py", "a\\n", "b\\n", "c\\n", cursor=1))
+    >>> "lines 1-3:\\n```\\na\\nb\\nc\\n```" in text, "(lines 2-2 of a.py as it is now):\\n```\\nb\\n```" in text
     (True, True)
-    >>> text.endswith("in one code block.<|im_end|>\n<|im_start|>assistant\n```\n")
+    >>> text.endswith("in one code block.<|im_end|>\\n<|im_start|>assistant\\n```\\n")
     True
     """
 
@@ -387,7 +391,7 @@ class ChatFewShotLayout(ChatSnippetLayout):
     and its answer): one field's type made ``Optional``, the same change on the next field only. The
     example is part of the prompt's stable start, so its KV is kept as the rest of it is.
 
-    >>> text = FEW_SHOT.render(EditPrompt("a.py", "", "b\n", ""))
+    >>> text = FEW_SHOT.render(EditPrompt("a.py", "", "b\\n", ""))
     >>> text.count("<|im_start|>user"), "port: Optional[int] = 8080\\n    retries: int = 3" in text
     (2, True)
     """

@@ -123,8 +123,8 @@ class FileView:
     def fits(self, text: str, path: str, region: Region, s: NextEditSettings) -> bool:
         """Whether a request on ``text`` (its region ``region``) can show this view still.
 
-        >>> v = FileView("a.py", 1, "b\\nc\\nd\\n", (40, 20))
         >>> s = NextEditSettings()
+        >>> v = FileView("a.py", 1, "b\\nc\\nd\\n", (s.window_before, s.window_after))
         >>> v.fits("a\\nb\\nc\\nd\\n", "a.py", Region(2, 3), s), v.fits("b\\nc\\nd\\n", "a.py", Region(1, 2), s)
         (True, False)
         """
