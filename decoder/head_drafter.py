@@ -45,13 +45,15 @@ def head_proposal(features: Features, guess: Guess, context: Sequence[int], k: i
 
 
 class HeadDrafter(Drafter):
-    """``Drafter`` over ``head_proposal``; ``bind(features)`` per request (the request's target cache)."""
+    """``Drafter`` over ``head_proposal``; ``bind(features)`` per request (the request's target cache).
+    ``cost``: one guess relative to a one-token target pass (what the policy charges for asking)."""
 
     name = "head"
 
-    def __init__(self, guess: Guess, heads: int) -> None:
+    def __init__(self, guess: Guess, heads: int, cost: float = 0.0) -> None:
         self.guess = guess
         self.heads = heads
+        self.cost = cost
         self._features: Features | None = None
 
     def bind(self, features: Features | None) -> None:

@@ -26,7 +26,14 @@ from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter, poin
 from specls.decoder.head_drafter import HeadDrafter
 from specls.decoder.ngram import LookupMatch
 from specls.decoder.pass_cost_learner import PassCostLearner, pass_rows
-from specls.decoder.policy import AcceptanceByPosition, PassCosts, Plan, best_gamma, plan_pass
+from specls.decoder.policy import (
+    AcceptanceByPosition,
+    PassCosts,
+    Plan,
+    best_gamma,
+    expected_tokens,
+    plan_pass,
+)
 from specls.decoder.region_drafter import RegionDrafter
 
 log = logging.getLogger(__name__)
@@ -278,11 +285,18 @@ class PlannedDrafter(Drafter):
         return tokens, table
 
     def _head_beats(self, tokens: list[int], table: AcceptanceByPosition, k: int) -> bool:
-        """Whether the head's guesses promise a better pass than the lookup tokens (by the tables)."""
+        """Whether the head's guesses promise a better pass than the lookup tokens (by the tables), its
+        guess's cost included (a head that is seldom right costs more than it saves)."""
         assert self.head is not None
-        n = min(k, self.head.heads)
-        _, s_head = best_gamma(self.state.head.rates(n), self.state.costs, 0.0, n)
-        _, s_lookup = best_gamma(table.rates(k), self.state.costs, 0.0, len(tokens))
+        rates, costs, cost = self.state.head.rates(self.head.heads), self.state.costs, self.head.cost
+        s_head = max(
+            (
+                expected_tokens(rates, g) / (costs.verify_cost(g) + cost)
+                for g in range(1, min(k, self.head.heads) + 1)
+            ),
+            default=0.0,
+        )
+        _, s_lookup = best_gamma(table.rates(k), costs, 0.0, len(tokens))
         return s_head > s_lookup
 
     def _lookup_table(self, match: LookupMatch | None) -> AcceptanceByPosition:

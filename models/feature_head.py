@@ -201,6 +201,26 @@ def write_head_graph(
     return out
 
 
+def guess_cost(target: Any, guess: Any, rounds: int = 5, prefix: int = 64) -> dict[str, float]:
+    """ms of a one-token pass of ``target`` (an ``OnnxCausalLM`` with the hidden output) and of one
+    ``guess`` after a ``prefix``-token context, each the fastest of ``rounds`` (a busy host only adds
+    time), and their ratio: what the drafting policy charges for a guess."""
+    cache = target.new_cache()
+    cache.forward([(7 * i + 3) % target.vocab_size for i in range(prefix)])
+    hidden = cache.hidden_at(prefix - 1)
+    pass_ms, guess_ms = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        cache.forward([11])
+        pass_ms.append((time.perf_counter() - t0) * 1e3)
+        cache.truncate(prefix)
+        t0 = time.perf_counter()
+        guess(hidden, 11)
+        guess_ms.append((time.perf_counter() - t0) * 1e3)
+    p, g = min(pass_ms), min(guess_ms)
+    return {"pass_ms": round(p, 2), "guess_ms": round(g, 3), "guess_per_pass": round(g / max(p, 1e-9), 4)}
+
+
 def load_feature_head(model_dir: Path, hidden_size: int) -> FeatureHead | None:
     """The target's head, or None when it has none; a broken one is logged and left out (a head only
     ever speeds decoding up)."""

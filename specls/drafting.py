@@ -97,7 +97,7 @@ def _head_drafter(settings: EngineSettings, models: LoadedModels, state: DocStat
     if parts is None or not settings.feature_head:
         return None
     if state.head_drafter is None:
-        state.head_drafter = HeadDrafter(parts.guess, parts.heads)
+        state.head_drafter = HeadDrafter(parts.guess, parts.heads, parts.cost)
     state.head_drafter.bind(parts.features(state.cache) if state.cache is not None else None)
     return state.head_drafter
 

@@ -78,6 +78,7 @@ class FeatureHeadParts:
     heads: int
     features: Callable[[KVCache], Features | None]
     info: dict[str, Any] = field(default_factory=dict)
+    cost: float = 0.0  # a guess relative to a one-token target pass, measured at load
 
 
 @dataclass
@@ -241,7 +242,7 @@ def _feature_head(settings: EngineSettings, opened: _Opened) -> FeatureHeadParts
     """The target's feature head when the settings draft with it and its graph gives hidden states."""
     if not (settings.speculation and settings.feature_head) or opened.target.spec.hidden_name is None:
         return None
-    from specls.models.feature_head import describe, load_feature_head
+    from specls.models.feature_head import describe, guess_cost, load_feature_head
     from specls.models.runtime import OrtKVCache
 
     head = load_feature_head(opened.target_dir, opened.target.spec.hidden_size)
@@ -251,8 +252,10 @@ def _feature_head(settings: EngineSettings, opened: _Opened) -> FeatureHeadParts
     def features(cache: KVCache) -> Features | None:
         return cache.hidden_at if isinstance(cache, OrtKVCache) else None
 
-    logger.info("feature head: %s", describe(head))
-    return FeatureHeadParts(head.guess, head.heads, features, describe(head))
+    measured = guess_cost(opened.target, head.guess)
+    info = {**describe(head), **measured}
+    logger.info("feature head: %s", info)
+    return FeatureHeadParts(head.guess, head.heads, features, info, measured["guess_per_pass"])
 
 
 def pass_costs(

@@ -149,29 +149,11 @@ class LookupLevers:
         parts = self._engine.models.head
         if parts is None:
             return {}
-        out: dict[str, object] = {**parts.info, **head_cost(self._engine.models)}
+        from specls.models.feature_head import guess_cost
+
+        out: dict[str, object] = {**parts.info, **guess_cost(self._engine.models.target, parts.guess)}
         for method, models in self._models.items():
             if method.endswith("head"):
                 snap = models.lookup_policy.snapshot()
                 out[method] = {k: snap[k] for k in ("choices", "head_accept", "lookup_accept")}
         return out
-
-
-def head_cost(models: Any, rounds: int = 5, prefix: int = 64) -> dict[str, float]:
-    """ms of a one-token target pass and of one head guess after a ``prefix``-token context, each the
-    fastest of ``rounds`` (a busy host only adds time), and their ratio."""
-    parts = models.head
-    cache = models.target.new_cache()
-    cache.forward([(7 * i + 3) % models.target.vocab_size for i in range(prefix)])
-    hidden = parts.features(cache)(prefix - 1)
-    pass_ms, guess_ms = [], []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        cache.forward([11])
-        pass_ms.append((time.perf_counter() - t0) * 1e3)
-        cache.truncate(prefix)
-        t0 = time.perf_counter()
-        parts.guess(hidden, 11)
-        guess_ms.append((time.perf_counter() - t0) * 1e3)
-    p, g = min(pass_ms), min(guess_ms)
-    return {"pass_ms": round(p, 2), "guess_ms": round(g, 3), "guess_per_pass": round(g / p, 4)}

@@ -137,3 +137,16 @@ def test_the_head_reads_the_position_whose_logits_gave_the_last_token() -> None:
     assert seen == [4]  # Not 5: position 5 holds the token the target committed from position 4
     assert tokens == [4]  # and that token goes with it
     assert head_proposal(features, guess, [9, 9, 9, 9, 9, 4], 0) == []
+
+
+def test_a_head_whose_guess_costs_more_than_it_saves_is_not_asked() -> None:
+    lm, prompt, plain = _case(5)
+    for cost, used in ((0.0, True), (1.0, False)):  # 1.0: at most 1.85 tokens for 2.08 passes (prior)
+        cache = HiddenCache(lm)
+        guess, calls = oracle(lm)
+        head = HeadDrafter(guess, HEADS, cost)  # type: ignore[arg-type]
+        head.bind(cache.hidden_at)
+        state = PolicyState(costs=CHEAP)
+        result = generate(cache, prompt, PlannedDrafter(None, None, state, head=head), SETTINGS, frozenset())
+        assert result.tokens == plain
+        assert bool(calls) == used and (result.drafted > 0) == used, cost
