@@ -78,6 +78,19 @@ def test_a_cache_serves_a_hidden_row_only_while_it_holds_its_position(
     assert cache.hidden_at(14) is not None and cache.hidden_at(13) is None
 
 
+def test_a_device_cache_keeps_logits_with_the_hidden_output(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    from specls.models.runtime import BoundKVCache
+
+    d = _with_hidden(exported["llama"], tmp_path / "b")
+    lm = OnnxCausalLM(d, ONE)
+    ref = lm.new_cache().forward(SEQ)
+    bound = BoundKVCache(lm, "cpu")  # the CUDA cache's code on the CPU: it fetches no hidden states
+    np.testing.assert_allclose(bound.forward(SEQ), ref, atol=1e-5)
+    assert bound.hidden_at(len(SEQ) - 1) is None  # so no head proposals there, and no error
+
+
 def test_int8_projection_rows_give_the_int8_logits(int8_qwen2: Path, tmp_path: Path) -> None:
     d = _with_hidden(int8_qwen2, tmp_path / "q8")
     lm = OnnxCausalLM(d, ONE)
