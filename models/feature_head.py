@@ -65,6 +65,16 @@ class HeadInfo:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
 
 
+def _resident() -> int:
+    """This process' resident bytes now (0 where /proc is not there)."""
+    import resource
+
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def head_dir(model_dir: Path) -> Path:
     return Path(model_dir) / HEAD_DIR
 
@@ -80,6 +90,7 @@ class FeatureHead:
     def __init__(self, model_dir: Path, hidden_size: int, threads: int = 1) -> None:
         import onnxruntime as ort
 
+        t0, rss0 = time.perf_counter(), _resident()
         folder = head_dir(model_dir)
         self.info = HeadInfo.read(folder / HEAD_INFO)
         if self.info.hidden_size != hidden_size:
@@ -99,6 +110,9 @@ class FeatureHead:
                 f"{folder / HEAD_GRAPH}: cannot load ({type(exc).__name__}: {exc})"
             ) from None
         self.ms = 0.0  # time spent guessing, for the stats
+        # what loading it cost (the start-up and memory a user pays for the head)
+        self.load_ms = (time.perf_counter() - t0) * 1e3
+        self.rss_mib = max(0, _resident() - rss0) / 2**20
 
     @property
     def heads(self) -> int:
@@ -236,4 +250,10 @@ def load_feature_head(model_dir: Path, hidden_size: int) -> FeatureHead | None:
 def describe(head: FeatureHead | None) -> dict[str, Any]:
     if head is None:
         return {}
-    return {"heads": head.heads, "vocab": head.info.vocab, "accuracy": list(head.info.accuracy)}
+    return {
+        "heads": head.heads,
+        "vocab": head.info.vocab,
+        "accuracy": list(head.info.accuracy),
+        "load_ms": round(head.load_ms, 1),
+        "rss_mib": round(head.rss_mib, 1),
+    }
