@@ -36,6 +36,10 @@ def test_next_edit_replay_adds_up(capsys: pytest.CaptureFixture[str]) -> None:
     assert server["answered"] == n["edits"]
     without = report["without_next_edits"]
     assert without["keystroke_to_result_ms"]["n"] > 0 and report["keystroke_to_result_ms"]["n"] > 0
+    # each engine request's prompt, what its KV reused and what it prefilled
+    recent = report["engine"]["next_edit"]["recent_requests"]
+    assert recent and all(r["prompt_tokens"] > 0 and r["reused_tokens"] < r["prompt_tokens"] for r in recent)
     _print(report)
     printed = capsys.readouterr().out
     assert "stale 0 (must be 0)" in printed and "without p50" in printed
+    assert "next edit prefill per request" in printed
