@@ -131,6 +131,82 @@ class FeatureHead:
         return ids, probs
 
 
+def _step_nodes(k: int) -> list[Any]:
+    """Head k's nodes: its input (the hidden state and e_1..e_k), its block, its guess (the token id,
+    its probability) and the guess's embedding e_{k+1} for the next head."""
+    from onnx import helper
+
+    embs = [f"e{j}" for j in range(1, k + 1)]
+    return [
+        helper.make_node("Concat", ["hidden", *embs], [f"in{k}"], axis=1),  # [1, (k + 1) d]
+        helper.make_node("MatMul", [f"in{k}", f"W{k}"], [f"z{k}a"]),
+        helper.make_node("Add", [f"z{k}a", f"B{k}"], [f"z{k}"]),  # [1, d]
+        helper.make_node("Sigmoid", [f"z{k}"], [f"s{k}"]),
+        helper.make_node("Mul", [f"z{k}", f"s{k}"], [f"silu{k}"]),
+        helper.make_node("Add", ["hidden", f"silu{k}"], [f"x{k}"]),
+        helper.make_node("MatMul", [f"x{k}", "P"], [f"l{k}"]),  # [1, V]
+        helper.make_node("Softmax", [f"l{k}"], [f"p{k}"], axis=-1),
+        helper.make_node("ArgMax", [f"p{k}"], [f"best{k}"], axis=-1, keepdims=0),  # [1]
+        helper.make_node("ReduceMax", [f"p{k}"], [f"prob{k}"], keepdims=0, axes=[-1]),  # [1]
+        helper.make_node("Gather", ["ids_table", f"best{k}"], [f"id{k}"]),  # [1]
+        *_embedding(f"best{k}", f"e{k + 1}"),  # [1, d]
+    ]
+
+
+def _embedding(index: str, out: str) -> list[Any]:
+    """A row of the fp16 embedding table E as float32 (half the table's memory; rows are only read)."""
+    from onnx import TensorProto, helper
+
+    return [
+        helper.make_node("Gather", ["E", index], [f"{out}h"]),
+        helper.make_node("Cast", [f"{out}h"], [out], to=TensorProto.FLOAT),
+    ]
+
+
+def head_model(
+    blocks: list[tuple[np.ndarray, np.ndarray]], rows: np.ndarray, ids: np.ndarray, vocab_size: int
+) -> Any:
+    """The chained heads as one float ONNX model.
+
+    hidden [1, d], token [1] (the token the target committed from that position) -> for k = 1..K:
+    ``x = hidden + SiLU([hidden, e_1, ..., e_k] @ W_k + b_k)``, the guess ``argmax(x @ rows^T)``, whose
+    embedding (its projection row) is e_{k+1}; e_1 is the token's (zero outside the vocabulary) ->
+    ids [K] (token ids), probs [K] (each guess's probability under the reduced vocabulary).
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    d, v, k = rows.shape[1], rows.shape[0], len(blocks)
+    id_map = np.full(vocab_size, v, dtype=np.int64)  # token id -> row of E (v: the zero row)
+    id_map[ids] = np.arange(v)
+    inits = [
+        numpy_helper.from_array(id_map, "id_map"),
+        numpy_helper.from_array(np.concatenate([rows, np.zeros((1, d))]).astype(np.float16), "E"),
+        numpy_helper.from_array(np.ascontiguousarray(rows.T.astype(np.float32)), "P"),  # [d, V]
+        numpy_helper.from_array(ids.astype(np.int64), "ids_table"),
+    ]
+    nodes = [helper.make_node("Gather", ["id_map", "token"], ["r1"]), *_embedding("r1", "e1")]
+    for j, (w, b) in enumerate(blocks, start=1):
+        inits += [
+            numpy_helper.from_array(w.astype(np.float32), f"W{j}"),
+            numpy_helper.from_array(b.astype(np.float32), f"B{j}"),
+        ]
+        nodes += _step_nodes(j)
+    nodes += [
+        helper.make_node("Concat", [f"id{j}" for j in range(1, k + 1)], ["ids"], axis=0),
+        helper.make_node("Concat", [f"prob{j}" for j in range(1, k + 1)], ["probs"], axis=0),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, d]),
+        helper.make_tensor_value_info("token", TensorProto.INT64, [1]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("ids", TensorProto.INT64, [k]),
+        helper.make_tensor_value_info("probs", TensorProto.FLOAT, [k]),
+    ]
+    graph = helper.make_graph(nodes, "feature_head", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def write_head_graph(
     folder: Path,
     blocks: list[tuple[np.ndarray, np.ndarray]],
@@ -139,69 +215,12 @@ def write_head_graph(
     info: HeadInfo,
     vocab_size: int,
 ) -> Path:
-    """Write the chained heads as one ONNX graph, int8 by ONNX Runtime's dynamic quantization.
-
-    hidden [1, d], token [1] (the token the target committed from that position) -> for k = 1..K:
-    ``x = hidden + SiLU([hidden, e_1, ..., e_k] @ W_k + b_k)``, the guess ``argmax(x @ rows^T)``, whose
-    embedding (its projection row) is e_{k+1}; e_1 is the token's (zero outside the vocabulary) ->
-    ids [K] (token ids), probs [K] (each guess's probability under the reduced vocabulary).
-    """
+    """Write ``head_model`` into ``folder``, int8 by ONNX Runtime's dynamic quantization, with its
+    description."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    d, v = rows.shape[1], rows.shape[0]
-    id_map = np.full(vocab_size, v, dtype=np.int64)  # token id -> row of E (v: the zero row)
-    id_map[ids] = np.arange(v)
-    inits = [
-        numpy_helper.from_array(id_map, "id_map"),
-        numpy_helper.from_array(np.concatenate([rows, np.zeros((1, d))]).astype(np.float32), "E"),
-        numpy_helper.from_array(np.ascontiguousarray(rows.T.astype(np.float32)), "P"),  # [d, V]
-        numpy_helper.from_array(ids.astype(np.int64), "ids_table"),
-    ]
-    nodes = [
-        helper.make_node("Gather", ["id_map", "token"], ["r1"]),  # [1]
-        helper.make_node("Gather", ["E", "r1"], ["e1"]),  # [1, d]
-    ]
-    for k, (w, b) in enumerate(blocks, start=1):
-        inits += [
-            numpy_helper.from_array(w.astype(np.float32), f"W{k}"),
-            numpy_helper.from_array(b.astype(np.float32), f"B{k}"),
-        ]
-        embs = [f"e{j}" for j in range(1, k + 1)]
-        nodes += [
-            helper.make_node("Concat", ["hidden", *embs], [f"in{k}"], axis=1),  # [1, (k + 1) d]
-            helper.make_node("MatMul", [f"in{k}", f"W{k}"], [f"z{k}a"]),
-            helper.make_node("Add", [f"z{k}a", f"B{k}"], [f"z{k}"]),  # [1, d]
-            helper.make_node("Sigmoid", [f"z{k}"], [f"s{k}"]),
-            helper.make_node("Mul", [f"z{k}", f"s{k}"], [f"silu{k}"]),
-            helper.make_node("Add", ["hidden", f"silu{k}"], [f"x{k}"]),
-            helper.make_node("MatMul", [f"x{k}", "P"], [f"l{k}"]),  # [1, V]
-            helper.make_node("Softmax", [f"l{k}"], [f"p{k}"], axis=-1),
-            helper.make_node("ArgMax", [f"p{k}"], [f"best{k}"], axis=-1, keepdims=0),  # [1]
-            helper.make_node("ReduceMax", [f"p{k}"], [f"prob{k}"], keepdims=0, axes=[-1]),  # [1]
-            helper.make_node("Gather", ["ids_table", f"best{k}"], [f"id{k}"]),  # [1]
-            helper.make_node("Gather", ["E", f"best{k}"], [f"e{k + 1}"]),  # [1, d]
-        ]
-    k = len(blocks)
-    nodes += [
-        helper.make_node("Concat", [f"id{j}" for j in range(1, k + 1)], ["ids"], axis=0),
-        helper.make_node("Concat", [f"prob{j}" for j in range(1, k + 1)], ["probs"], axis=0),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "feature_head",
-        [
-            helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, d]),
-            helper.make_tensor_value_info("token", TensorProto.INT64, [1]),
-        ],
-        [
-            helper.make_tensor_value_info("ids", TensorProto.INT64, [k]),
-            helper.make_tensor_value_info("probs", TensorProto.FLOAT, [k]),
-        ],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = head_model(blocks, rows, ids, vocab_size)
     onnx.checker.check_model(model)
     folder.mkdir(parents=True, exist_ok=True)
     fp32 = folder / "head.fp32.onnx"
@@ -211,7 +230,7 @@ def write_head_graph(
     quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
     fp32.unlink()
     info.write(folder / HEAD_INFO)
-    log.info("wrote %s (%d heads, vocabulary %d)", out, k, ids.size)
+    log.info("wrote %s (%d heads, vocabulary %d)", out, len(blocks), ids.size)
     return out
 
 

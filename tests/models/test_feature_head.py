@@ -218,3 +218,26 @@ def test_head_data_pairs_each_position_with_the_tokens_between_and_the_label() -
     two = _head_data(f, 2, index, cut=0)
     assert two.at.tolist() == [0, 3]  # Not 1: its t + 2 is the 9
     assert two.tokens.tolist() == [[1, 2], [4, 5]] and two.labels.tolist() == [3, 6]
+
+
+def test_the_head_graph_computes_the_chain_it_describes() -> None:
+    import onnxruntime as ort
+    from specls.models.feature_head import head_model
+
+    rng = np.random.default_rng(0)
+    d, v, vocab, k = 8, 12, 20, 3
+    rows = rng.standard_normal((v, d)).astype(np.float16).astype(np.float32)  # E is stored as fp16
+    ids = np.sort(rng.choice(vocab, size=v, replace=False))
+    blocks = [(rng.standard_normal(((j + 1) * d, d)), rng.standard_normal(d)) for j in range(1, k + 1)]
+    sess = ort.InferenceSession(head_model(blocks, rows, ids, vocab).SerializeToString())
+    emb = {int(t): rows[i] for i, t in enumerate(ids)}
+    for token in (int(ids[3]), int(next(t for t in range(vocab) if t not in emb))):
+        h = rng.standard_normal(d).astype(np.float32)
+        got, _ = sess.run(None, {"hidden": h[None, :], "token": np.array([token])})
+        es, want = [emb.get(token, np.zeros(d, dtype=np.float32))], []
+        for w, b in blocks:  # the chain in numpy: each head reads the hidden state and the tokens so far
+            z = np.concatenate([h, *es]) @ w + b
+            best = int(np.argmax((h + z / (1 + np.exp(-z))) @ rows.T))
+            want.append(int(ids[best]))
+            es.append(rows[best])
+        assert got.tolist() == want, token  # Not the first guess repeated: each reads the last one
