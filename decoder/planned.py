@@ -154,7 +154,7 @@ class PlannedDrafter(Drafter):
     point-mass tokens priced by its own acceptance (``PolicyState.region``); where it has none (the
     output left the region and has not realigned) the lookup match is offered.
 
-    ``head`` (a feature head on the target's hidden state): its guesses instead of the lookup match
+    ``feature_head`` (a head on the target's hidden state): its guesses instead of the lookup match
     where the policy expects more of them (no match, or a match it trusts less), priced by
     ``PolicyState.head``; the head runs only then."""
 
@@ -166,13 +166,13 @@ class PlannedDrafter(Drafter):
         model: DraftModelDrafter | None,
         state: PolicyState,
         region: RegionDrafter | None = None,
-        head: HeadDrafter | None = None,
+        feature_head: HeadDrafter | None = None,
     ) -> None:
         self.lookup = lookup
         self.model = model
         self.state = state
         self.region = region
-        self.head = head
+        self.feature_head = feature_head
         self._head = PromptLookupDrafter.name  # the source of the last proposal's point-mass tokens
         self._max_new = DecodeSettings().max_new_tokens
         self._start: int | None = None  # context length at the first proposal: the prompt
@@ -277,8 +277,8 @@ class PlannedDrafter(Drafter):
         match = self.lookup.match(context, k) if self.lookup is not None else None
         self._head = PromptLookupDrafter.name
         tokens, table = (list(match.tokens[:k]) if match is not None else []), self._lookup_table(match)
-        if self.head is not None and self._head_beats(tokens, table, k):
-            guess = self.head.propose(context, k)
+        if self.feature_head is not None and self._head_beats(tokens, table, k):
+            guess = self.feature_head.propose(context, k)
             if guess:
                 self._head = HeadDrafter.name
                 return guess, self.state.head
@@ -287,12 +287,13 @@ class PlannedDrafter(Drafter):
     def _head_beats(self, tokens: list[int], table: AcceptanceByPosition, k: int) -> bool:
         """Whether the head's guesses promise a better pass than the lookup tokens (by the tables), its
         guess's cost included (a head that is seldom right costs more than it saves)."""
-        assert self.head is not None
-        rates, costs, cost = self.state.head.rates(self.head.heads), self.state.costs, self.head.cost
+        head = self.feature_head
+        assert head is not None
+        rates, costs, cost = self.state.head.rates(head.heads), self.state.costs, head.cost
         s_head = max(
             (
                 expected_tokens(rates, g) / (costs.verify_cost(g) + cost)
-                for g in range(1, min(k, self.head.heads) + 1)
+                for g in range(1, min(k, head.heads) + 1)
             ),
             default=0.0,
         )

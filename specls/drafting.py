@@ -79,7 +79,7 @@ def request_drafter(
     inner: Drafter | None = None
     if lookup is not None or model is not None or head is not None:
         if state.planned_drafter is None:
-            state.planned_drafter = PlannedDrafter(lookup, model, policy_state(s, models), head=head)
+            state.planned_drafter = PlannedDrafter(lookup, model, policy_state(s, models), feature_head=head)
         state.planned_drafter.end()  # the previous request learns under its own class
         state.planned_drafter.stopped = request.stop is not None or request.early_stop is not None
         inner = state.planned_drafter

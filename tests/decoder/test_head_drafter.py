@@ -81,7 +81,7 @@ def test_output_is_plain_greedy_whatever_the_head_guesses(seed: int, wrong_every
         guess, _ = oracle(lm, wrong_every, seed)
         head = HeadDrafter(guess, HEADS)  # type: ignore[arg-type]
         head.bind(cache.hidden_at)
-        drafter = PlannedDrafter(lookup, None, PolicyState(costs=CHEAP), head=head)
+        drafter = PlannedDrafter(lookup, None, PolicyState(costs=CHEAP), feature_head=head)
         result = generate(cache, prompt, drafter, SETTINGS, frozenset())
         assert result.tokens == plain, f"seed {seed}, wrong every {wrong_every}, lookup {lookup}"
         assert all(0 <= p < len(cache.tokens) for p in cache.reads)
@@ -94,7 +94,9 @@ def test_a_right_head_commits_several_tokens_a_pass_and_teaches_its_own_table() 
     head = HeadDrafter(guess, HEADS)  # type: ignore[arg-type]
     head.bind(cache.hidden_at)
     state = PolicyState(costs=CHEAP)
-    result = generate(cache, prompt, PlannedDrafter(None, None, state, head=head), SETTINGS, frozenset())
+    result = generate(
+        cache, prompt, PlannedDrafter(None, None, state, feature_head=head), SETTINGS, frozenset()
+    )
     assert result.tokens == plain
     assert result.per_drafter["head"].accepted == result.accepted > 0
     assert len(result.tokens) / result.target_passes > 3  # Not ~1: each pass takes the guesses
@@ -112,7 +114,7 @@ def test_no_hidden_state_no_proposal() -> None:
     result = generate(
         FakeCache(lm),
         prompt,
-        PlannedDrafter(None, None, PolicyState(costs=CHEAP), head=head),
+        PlannedDrafter(None, None, PolicyState(costs=CHEAP), feature_head=head),
         SETTINGS,
         frozenset(),
     )
@@ -147,6 +149,8 @@ def test_a_head_whose_guess_costs_more_than_it_saves_is_not_asked() -> None:
         head = HeadDrafter(guess, HEADS, cost)  # type: ignore[arg-type]
         head.bind(cache.hidden_at)
         state = PolicyState(costs=CHEAP)
-        result = generate(cache, prompt, PlannedDrafter(None, None, state, head=head), SETTINGS, frozenset())
+        result = generate(
+            cache, prompt, PlannedDrafter(None, None, state, feature_head=head), SETTINGS, frozenset()
+        )
         assert result.tokens == plain
         assert bool(calls) == used and (result.drafted > 0) == used, cost
