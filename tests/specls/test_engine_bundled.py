@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from specls.decoder.api import CausalLM, DecodeSettings, KVCache
 from specls.decoder.margin import describe_margin, first_difference, plain_greedy_margin
+from specls.decoder.planned import PolicyState
+from specls.decoder.policy import PassCosts
 from specls.models import runtime
 from specls.models.loader import bundled_dir
 
@@ -96,7 +98,11 @@ def test_speculative_equals_plain_on_bundled(
     engine: OnnxEngine, points: list[Point], config: EngineSettings
 ) -> None:
     plain = engine.with_settings(EngineSettings(speculation=False, lru_size=0))
-    spec = engine.with_settings(replace(config, lru_size=0))
+    # Fixed pass costs at which the draft model pays: whether it runs must not hang on how fast this
+    # host timed it at load (the equality below must cover the draft model's path)
+    costs = PassCosts(verify=(1.0, 1.02, 1.04, 1.06, 1.08), step=0.1, catchup=0.001)
+    models = replace(engine.models, policy=PolicyState(costs=costs), draft_policy=PolicyState(costs=costs))
+    spec = OnnxEngine(replace(config, lru_size=0, learn_costs=False), models)
     drafted = 0
     for i, p in enumerate(points):
         doc = f"file:///bench/{i}.py"
