@@ -32,8 +32,6 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-FEATURES_FILE = "features.npz"
-
 
 @dataclass(frozen=True)
 class FeatureSet:
