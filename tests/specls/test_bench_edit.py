@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,22 +111,22 @@ def test_the_show_rule_trades_coverage_for_precision() -> None:
     assert s["show_rule"][-1]["similar"] == 2 and s["show_bars"][0]["similar"] == 2  # with the exact one
 
 
-def test_bench_on_the_bundled_pair_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _demo_run(tmp_path: Path, **options: Any) -> dict[str, Any]:
+    """``bench edit`` on the bundled pair over the demo release pair (2 tasks, 40 tokens): its JSON."""
     old, new = release(tmp_path / "old", OLD), release(tmp_path / "new", NEW)
     engine = OnnxEngine(EngineSettings(threads=1, costs_cache=False))
     engine.load()
     out = tmp_path / "edit.json"
     opt = EditBenchOptions(
-        packages=(),
-        sources=(f"demo={old}:{new}",),
-        n=2,
-        layouts=("fim-rewrite", "sweep"),
-        arms=("region", "lookup", "policy"),
-        max_tokens=40,
-        json_out=str(out),
+        packages=(), sources=(f"demo={old}:{new}",), n=2, max_tokens=40, json_out=str(out), **options
     )
     assert run_bench(engine, opt, NextEditSettings(lines_before=4, lines_after=4)) == 0
-    data = json.loads(out.read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return data
+
+
+def test_bench_on_the_bundled_pair_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _demo_run(tmp_path, layouts=("fim-rewrite", "sweep"), arms=("region", "lookup", "policy"))
     assert data["tasks"] == 2 and sorted(data["layouts"]) == ["fim-rewrite", "sweep"]
     for d in data["layouts"].values():
         assert d["quality"]["near_tasks"] + d["quality"]["far_tasks"] == 2
@@ -139,21 +140,7 @@ def test_bench_on_the_bundled_pair_is_exact(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_a_quality_run_without_the_plain_arm(tmp_path: Path) -> None:
-    old, new = release(tmp_path / "old", OLD), release(tmp_path / "new", NEW)
-    engine = OnnxEngine(EngineSettings(threads=1, costs_cache=False))
-    engine.load()
-    out = tmp_path / "edit.json"
-    opt = EditBenchOptions(
-        packages=(),
-        sources=(f"demo={old}:{new}",),
-        n=2,
-        layouts=("fim-rewrite",),
-        arms=("policy",),
-        max_tokens=40,
-        json_out=str(out),
-        plain=False,
-    )
-    assert run_bench(engine, opt, NextEditSettings(lines_before=4, lines_after=4)) == 0
-    d = json.loads(out.read_text(encoding="utf-8"))["layouts"]["fim-rewrite"]
+    data = _demo_run(tmp_path, layouts=("fim-rewrite",), arms=("policy",), plain=False)
+    d = data["layouts"]["fim-rewrite"]
     assert sorted(d["arms"]) == ["policy"] and d["arms"]["policy"]["identical_to_plain"] is None
     assert d["quality"]["near_tasks"] + d["quality"]["far_tasks"] == 2  # the quality from the policy arm
