@@ -144,14 +144,12 @@ class LookupLevers:
         return lines
 
     def head_report(self) -> dict[str, object]:
-        """The feature head's guess cost against a one-token target pass (timed here, fastest of
-        rounds), its description, and the head levers' learned acceptance by position."""
+        """The feature head's description and guess cost against a one-token target pass (as timed at
+        load, what the policy charges), and the head levers' learned acceptance by position."""
         parts = self._engine.models.head
         if parts is None:
             return {}
-        from specls.models.feature_head import guess_cost
-
-        out: dict[str, object] = {**parts.info, **guess_cost(self._engine.models.target, parts.guess)}
+        out: dict[str, object] = dict(parts.info)
         for method, models in self._models.items():
             if method.endswith("head"):
                 snap = models.lookup_policy.snapshot()
