@@ -984,6 +984,21 @@ def _name_dims(model: Any, spec: ModelSpec) -> None:
             rename(outputs[n], {0: "batch", 2: "past_plus_new"})
 
 
+# ops a vocabulary projection runs as (a float MatMul, or the int8 export's MatMulInteger)
+PROJECTION_OPS = ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits", "MatMulInteger")
+# the graph value ``add_logits_to_keep`` negates the kept count into (its Slice's start)
+KEEP_START = f"{LOGITS_TO_KEEP}_neg"
+
+
+def projection_node(graph: Any, logits_name: str) -> Any | None:
+    """The vocabulary projection node behind ``logits_name`` (through any Cast or Identity), or None."""
+    producer = {out: node for node in graph.node for out in node.output}
+    node = producer.get(logits_name)
+    while node is not None and node.op_type in ("Cast", "Identity"):
+        node = producer.get(node.input[0])
+    return node if node is not None and node.op_type in PROJECTION_OPS else None
+
+
 def add_logits_to_keep(onnx_path: Path, logits_name: str, check_only: bool = False) -> bool:
     """Give the graph a ``logits_to_keep`` input ([1] int64): the vocabulary projection (the MatMul
     behind ``logits_name``, through any Cast) then runs on the last ``logits_to_keep`` positions only,
@@ -999,17 +1014,14 @@ def add_logits_to_keep(onnx_path: Path, logits_name: str, check_only: bool = Fal
     graph = model.graph
     if any(i.name == LOGITS_TO_KEEP for i in graph.input):
         return True
-    producer = {out: node for node in graph.node for out in node.output}
-    node = producer.get(logits_name)
-    while node is not None and node.op_type in ("Cast", "Identity"):
-        node = producer.get(node.input[0])
-    if node is None or node.op_type not in ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits"):
+    node = projection_node(graph, logits_name)
+    if node is None:
         log.warning("%s: no projection found behind %r; logits_to_keep not added", onnx_path, logits_name)
         return False
     if check_only:
         return True
     hidden, kept = node.input[0], f"{node.input[0]}_kept"
-    neg, end, axis = f"{LOGITS_TO_KEEP}_neg", f"{LOGITS_TO_KEEP}_end", f"{LOGITS_TO_KEEP}_axis"
+    neg, end, axis = KEEP_START, f"{LOGITS_TO_KEEP}_end", f"{LOGITS_TO_KEEP}_axis"
     at = list(graph.node).index(node)
     graph.node.insert(at, helper.make_node("Slice", [hidden, neg, end, axis], [kept]))  # [b, keep, h]
     graph.node.insert(at, helper.make_node("Neg", [LOGITS_TO_KEEP], [neg]))

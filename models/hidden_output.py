@@ -14,29 +14,23 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from specls.models.spec import LOGITS_TO_KEEP, ModelLoadError, load_spec
+from specls.models.spec import ModelLoadError, load_spec
 
 log = logging.getLogger(__name__)
 
 HIDDEN_NAME = "hidden_states"
-# ops an exported vocabulary projection's activation path runs through (a plain MatMul, or the
-# int8 path: quantize the activation row by row, MatMulInteger, rescale)
-_PROJECTION_OPS = ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits", "MatMulInteger")
 
 
 def find_projection_input(graph: object, logits_name: str) -> str | None:
     """The float tensor the vocabulary projection behind ``logits_name`` reads: the ``logits_to_keep``
     slice's output when the graph has one, else the first float input of the projection."""
-    producer = {out: node for node in graph.node for out in node.output}  # type: ignore[attr-defined]
+    from specls.models.export import KEEP_START, projection_node
+
     for node in graph.node:  # type: ignore[attr-defined]
-        if node.op_type == "Slice" and len(node.input) > 1 and node.input[1] == f"{LOGITS_TO_KEEP}_neg":
+        if node.op_type == "Slice" and len(node.input) > 1 and node.input[1] == KEEP_START:
             return str(node.output[0])
-    node = producer.get(logits_name)
-    while node is not None and node.op_type in ("Cast", "Identity"):
-        node = producer.get(node.input[0])
-    if node is None or node.op_type not in _PROJECTION_OPS:
-        return None
-    return str(node.input[0])
+    node = projection_node(graph, logits_name)
+    return None if node is None else str(node.input[0])
 
 
 def add_hidden_output(model_dir: Path) -> str:
