@@ -41,7 +41,7 @@ from specls.models.spec import LOGITS_TO_KEEP, SPEC_FILE, ModelSpec, kv_names
 from specls.models.tokenizer import Tokenizer
 
 from specls.api import EngineError
-from specls.memory import release_freed_memory
+from specls.memory import release_freed_memory, resident_bytes
 from specls.next_edit.layouts import layout_for_model
 
 if TYPE_CHECKING:
@@ -639,10 +639,7 @@ def _log_memory(stage: str) -> None:
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    try:
-        now = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
-    except (OSError, ValueError, IndexError):
-        now = 0
+    now = resident_bytes()
     log.info("export: %s (RSS %.2f GB now, peak RSS so far %.2f GB)", stage, now / 1e9, peak * 1024 / 1e9)
 
 

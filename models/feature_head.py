@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from specls.models.spec import ModelLoadError
 
+from specls.memory import resident_bytes
+
 log = logging.getLogger(__name__)
 
 HEAD_DIR = "feature_head"
@@ -65,16 +67,6 @@ class HeadInfo:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
 
 
-def _resident() -> int:
-    """This process' resident bytes now (0 where /proc is not there)."""
-    import resource
-
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def head_dir(model_dir: Path) -> Path:
     return Path(model_dir) / HEAD_DIR
 
@@ -90,7 +82,7 @@ class FeatureHead:
     def __init__(self, model_dir: Path, hidden_size: int, threads: int = 1) -> None:
         import onnxruntime as ort
 
-        t0, rss0 = time.perf_counter(), _resident()
+        t0, rss0 = time.perf_counter(), resident_bytes()
         folder = head_dir(model_dir)
         self.info = HeadInfo.read(folder / HEAD_INFO)
         if self.info.hidden_size != hidden_size:
@@ -109,10 +101,9 @@ class FeatureHead:
             raise ModelLoadError(
                 f"{folder / HEAD_GRAPH}: cannot load ({type(exc).__name__}: {exc})"
             ) from None
-        self.ms = 0.0  # time spent guessing, for the stats
         # what loading it cost (the start-up and memory a user pays for the head)
         self.load_ms = (time.perf_counter() - t0) * 1e3
-        self.rss_mib = max(0, _resident() - rss0) / 2**20
+        self.rss_mib = max(0, resident_bytes() - rss0) / 2**20
 
     @property
     def heads(self) -> int:
@@ -121,13 +112,11 @@ class FeatureHead:
     def guess(self, hidden: np.ndarray, token: int) -> tuple[np.ndarray, np.ndarray]:
         """hidden: [d] at a position, token: the one the target committed from it -> (ids [K] int64,
         probs [K] float32): the guesses for the tokens after ``token``."""
-        t0 = time.perf_counter()
         feed = {
             "hidden": hidden.astype(np.float32, copy=False)[None, :],
             "token": np.array([token], dtype=np.int64),
         }
         ids, probs = self.session.run(None, feed)
-        self.ms += (time.perf_counter() - t0) * 1e3
         return ids, probs
 
 
@@ -266,9 +255,8 @@ def load_feature_head(model_dir: Path, hidden_size: int) -> FeatureHead | None:
         return None
 
 
-def describe(head: FeatureHead | None) -> dict[str, Any]:
-    if head is None:
-        return {}
+def describe(head: FeatureHead) -> dict[str, Any]:
+    """What the stats and the benchmarks report of a loaded head."""
     return {
         "heads": head.heads,
         "vocab": head.info.vocab,

@@ -1,9 +1,20 @@
-"""Giving freed memory back to the operating system (stdlib only, so any layer may import it)."""
+"""This process' memory: how much is resident, and giving freed memory back to the operating system
+(stdlib only, so any layer may import it)."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import resource
+from pathlib import Path
+
+
+def resident_bytes() -> int:
+    """This process' resident bytes now (0 where /proc is not there)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def release_freed_memory(collect: bool = False) -> None:
