@@ -31,7 +31,6 @@ from specls.decoder.policy import (
     PassCosts,
     Plan,
     best_gamma,
-    expected_tokens,
     plan_pass,
 )
 from specls.decoder.region_drafter import RegionDrafter
@@ -289,14 +288,8 @@ class PlannedDrafter(Drafter):
         guess's cost included (a head that is seldom right costs more than it saves)."""
         head = self.feature_head
         assert head is not None
-        rates, costs, cost = self.state.head.rates(head.heads), self.state.costs, head.cost
-        s_head = max(
-            (
-                expected_tokens(rates, g) / (costs.verify_cost(g) + cost)
-                for g in range(1, min(k, head.heads) + 1)
-            ),
-            default=0.0,
-        )
+        costs, n = self.state.costs, min(k, head.heads)
+        _, s_head = best_gamma(self.state.head.rates(n), costs, 0.0, n, fixed=head.cost)
         _, s_lookup = best_gamma(table.rates(k), costs, 0.0, len(tokens))
         return s_head > s_lookup
 

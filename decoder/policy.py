@@ -67,8 +67,11 @@ def _at(accept: Sequence[float], i: int) -> float:
     return accept[min(i, len(accept) - 1)] if accept else 0.0
 
 
-def best_gamma(accept: Sequence[float], verify: PassCosts, step: float, g_max: int) -> tuple[int, float]:
-    """The draft length in [0, g_max] with the best speedup E(g) / (verify(g) + g*step), and that speedup.
+def best_gamma(
+    accept: Sequence[float], verify: PassCosts, step: float, g_max: int, fixed: float = 0.0
+) -> tuple[int, float]:
+    """The draft length in [0, g_max] with the best speedup E(g) / (verify(g) + g*step + fixed), and
+    that speedup; ``fixed``: what a pass that drafts at all pays once (a feature head's guess).
 
     Plain decoding (g = 0) has speedup 1 and wins ties, so a drafter that does not pay is not used.
 
@@ -80,7 +83,7 @@ def best_gamma(accept: Sequence[float], verify: PassCosts, step: float, g_max: i
     """
     best, best_s = 0, 1.0
     for g in range(1, max(0, g_max) + 1):
-        s = expected_tokens(accept, g) / (verify.verify_cost(g) + g * step)
+        s = expected_tokens(accept, g) / (verify.verify_cost(g) + g * step + fixed)
         if s > best_s + 1e-9:
             best, best_s = g, s
     return best, best_s
