@@ -194,8 +194,9 @@ class NextEditResult(DecodeCounts):
     """The suggested edits (document coordinates, UTF-16 characters; empty: nothing to show) and how
     they came: the ``region`` rewritten (lines [start_line, end_line)), the model's ``rewritten``
     region (None: no usable output), and the decode. ``dropped`` says why nothing is shown ("" when
-    edits are: "unchanged", "malformed", "undo", "cancelled", "no_room", "empty"); ``undone`` counts
-    edits left out because they would undo the last edit."""
+    edits are: "unchanged", "run_on", "too_long", "malformed", "undo", "cancelled", "no_room",
+    "empty"; ``specls.next_edit.rewrite_end``); ``undone`` counts edits left out because they would
+    undo the last edit."""
 
     edits: tuple[TextEdit, ...]
     region: Region

@@ -126,14 +126,16 @@ class Quality:
     no_edit: int = 0
     false_edit: int = 0
     undo: int = 0
-    malformed: int = 0
+    malformed: int = 0  # cut before its end: the token budget, or too many lines
+    run_on: int = 0  # the region copied, then written on past it (specls.next_edit.rewrite_end)
     # each shown edit: (its least sure changed token's margin, whether it was the expected edit, the
     # similarity of its changed lines to the expected ones: 0 for a false edit)
     shown: list[tuple[float, bool, float]] = field(default_factory=list)
 
     def add(self, task: EditTask, r: NextEditResult, confidence: EditConfidence | None = None) -> None:
         self.undo += int(r.undone > 0)
-        self.malformed += int(r.dropped == "malformed")
+        self.malformed += int(r.dropped in ("malformed", "too_long"))
+        self.run_on += int(r.dropped == "run_on")
         margin = confidence.min_margin if confidence is not None else float("inf")
         if task.expected is None:
             self.far += 1
@@ -165,6 +167,7 @@ class Quality:
             "false_edit_pct": pct(self.false_edit, self.far),
             "undo_pct": pct(self.undo, self.near + self.far),
             "malformed_pct": pct(self.malformed, self.near + self.far),
+            "run_on_pct": pct(self.run_on, self.near + self.far),
             "show_rule": show_rule(self.shown, self.near + self.far),
             "show_bars": show_bars(self.shown, self.near + self.far),
         }
@@ -295,7 +298,8 @@ def format_table(data: dict[str, Any]) -> str:
         lines.append(
             f"layout {layout}: exact {q['exact_pct']}% of {q['near_tasks']} near, similarity "
             f"{q['changed_lines_similarity']}, no edit {q['no_edit_pct']}%, false edits {q['false_edit_pct']}% "
-            f"of {q['far_tasks']} far, undo {q['undo_pct']}%, malformed {q['malformed_pct']}%"
+            f"of {q['far_tasks']} far, undo {q['undo_pct']}%, malformed {q['malformed_pct']}%, "
+            f"run on {q['run_on_pct']}%"
         )
         lines += [
             f"  show if min margin >= {x['bar']}: {x['shown']} shown, {x['exact']} exact "

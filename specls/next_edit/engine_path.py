@@ -4,7 +4,8 @@ region itself (``RegionDrafter``), with prompt lookup and the draft model, all p
 the drafting policy (``PlannedDrafter``, which prices the region's tokens by their own acceptance) ->
 the rewritten region (``layout.parse``) -> minimal edits, an undo of the user's last edit left out.
 
-Nothing is suggested for a rewrite equal to the region, a malformed output (no end marker: cut by the
+Nothing is suggested for a rewrite equal to the region, an output that copies the region and writes
+on past it or holds too many lines (``rewrite_end``), a malformed output (no end marker: cut by the
 budget, a deadline or a cancel) or edits that only undo. The output is plain greedy decoding of the
 prompt whatever drafts: the core invariant tests hold this path to it.
 
@@ -38,6 +39,7 @@ from specls.next_edit.confidence import EditConfidence, changed_positions, confi
 from specls.next_edit.edits import suggested_edits
 from specls.next_edit.layouts import EditLayout, get_layout, layout_for_model
 from specls.next_edit.request_prompt import EditJob, FileView, build_job
+from specls.next_edit.rewrite_end import RewriteEnd
 from specls.next_edit.settings import NextEditSettings
 
 log = logging.getLogger(__name__)
@@ -133,9 +135,8 @@ class EditPath:
         cache = prefix_cache(self.models.target, state, job.prompt, self.settings.prefix_reuse)
         kept = cache.length
         planned = self._drafter(state, buffers, job)
-        stop = TextStop(
-            self.models.tokenizer, lambda t: len(t) if layout.body_end(t, job.after) is not None else None
-        )
+        ends = RewriteEnd.of(layout, job.region_text, job.after, self.edit.max_added_lines)
+        stop = TextStop(self.models.tokenizer, ends.stop)
         eos = self.models.eos_ids | end_marker_ids(layout, self.models)
         out = self._decode(state, cache, job, planned, eos, cancelled, stop)
         if planned is not None:
@@ -144,7 +145,7 @@ class EditPath:
                 feeds = planned.model.feed_ms if planned.model is not None else ()
                 self.policy.learn(out.pass_ms, feeds)
         reused = min(kept, len(job.prompt) - 1) if out.prefill_tokens or out.target_passes else 0
-        result = self._result(request, job, out, stop.text, reused)
+        result = self._result(request, job, out, ends, stop.text, reused)
         self.last_confidence = self._confidence(state, cache, job, out) if result.edits else None
         if self.last_confidence is not None:
             result = replace(result, confidence=self.last_confidence.min_margin)
@@ -205,7 +206,13 @@ class EditPath:
         return out
 
     def _result(
-        self, request: NextEditRequest, job: EditJob, out: DecodeResult, text: str, reused: int
+        self,
+        request: NextEditRequest,
+        job: EditJob,
+        out: DecodeResult,
+        ends: RewriteEnd,
+        text: str,
+        reused: int,
     ) -> NextEditResult:
         """The decode's output read back: parsed, diffed against the region, undos left out."""
         base = NextEditResult(
@@ -222,9 +229,9 @@ class EditPath:
         )
         if out.stop_reason in ("cancelled", "deadline"):
             return replace(base, dropped=out.stop_reason)
-        rewritten = job.layout.parse(text, eos=out.stop_reason == "eos", after=job.after)
+        rewritten, why = ends.read(text, eos=out.stop_reason == "eos")
         if rewritten is None:
-            return replace(base, dropped="malformed")
+            return replace(base, dropped=why)
         edits, dropped, undone = suggested_edits(
             request.text, job.region, job.region_text, rewritten, job.last_edit
         )

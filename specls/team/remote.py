@@ -39,6 +39,7 @@ from specls.decoder.api import CancelCheck, DecodeResult, DrafterStats, never_ca
 from specls.next_edit.edits import suggested_edits
 from specls.next_edit.layouts import get_layout, layout_for_model
 from specls.next_edit.request_prompt import render_edit
+from specls.next_edit.rewrite_end import RewriteEnd
 from specls.next_edit.settings import NextEditSettings
 from specls.team.remote_http import CancelWatcher, NotYet, RemoteHttp, Reply
 
@@ -202,7 +203,8 @@ class RemoteEngine:
             layout = get_layout(request.layout or layout_for_model(self._model))
         except ValueError as exc:
             raise EngineError(str(exc)) from None
-        r = render_edit(request, layout, NextEditSettings())
+        edit = NextEditSettings()
+        r = render_edit(request, layout, edit)
         # about three characters a token: the region's length again and half as much, and some slack
         budget = request.max_tokens or len(r.region_text) // 2 + 32
         inner = CompletionRequest(doc_id=request.doc_id, prefix=r.prompt, suffix="", max_tokens=budget)
@@ -217,13 +219,14 @@ class RemoteEngine:
             return no_next_edit(request, "cancelled", provider="remote")
         # the server leaves out the stop string it ended at: "stop" is an ended output
         ended = reply.finish == "stop"
-        rewritten = layout.parse(reply.text + (layout.end_markers[0] if ended else ""), after=r.after)
+        ends = RewriteEnd.of(layout, r.region_text, r.after, edit.max_added_lines)
+        rewritten, why = ends.read(reply.text + (layout.end_markers[0] if ended else ""), eos=False)
         decode = DecodeResult(tokens=[], decode_ms=(time.perf_counter() - t0) * 1000)
         result = NextEditResult(
             (), r.region, rewritten, reply.tokens(), reply.stop_reason(), decode=decode, layout=layout.name
         )
         if rewritten is None:
-            return replace(result, dropped="malformed", provider="remote")
+            return replace(result, dropped=why, provider="remote")
         edits, dropped, undone = suggested_edits(
             request.text, r.region, r.region_text, rewritten, r.last_edit
         )

@@ -153,6 +153,35 @@ def test_nothing_is_shown_for_an_unchanged_region_an_undo_or_a_cut_output() -> N
     assert cut.edits == () and cut.dropped == "malformed" and cut.tokens == 10
 
 
+@pytest.mark.parametrize(
+    ("extra", "edited", "why"),
+    [
+        ("    more()\n" * 30, False, "run_on"),  # the region copied, then written on
+        ("    more()\n" * 30, True, "too_long"),  # an edit, then lines past the budget
+    ],
+)
+def test_an_output_past_the_region_stops_early_and_shows_nothing(extra: str, edited: bool, why: str) -> None:
+    """A model that writes on past the region is stopped a line in (rewrite_end), not at the token
+    budget, with speculation as without."""
+    edit = replace(SMALL, layout="sweep", max_added_lines=2)
+    req = request()
+    region = "".join(AFTER.splitlines(keepends=True)[1:9])
+    rewrite = region.replace("walk(top)", "walk(top)  # x") if edited else region
+    got = {}
+    for name, settings in (("plain", EngineSettings(speculation=False)), ("spec", EngineSettings())):
+        models, lm = script_models()
+        prompt = script_rewrite(models, lm, req, get_layout("sweep"), edit, rewrite)
+        lm.scripts[-1] = (prompt, models.tokenizer.encode(rewrite + extra))  # no end marker: writes on
+        engine = OnnxEngine(replace(settings, costs_cache=False), models, edit)
+        result = engine.next_edit(replace(req, max_tokens=len(rewrite) + len(extra)))
+        assert result.edits == () and result.dropped == why and result.stop_reason == "stop"
+        lines = 2 if edited else 0  # the budget's added lines: an unchanged region stops a line in
+        assert len(region) < result.tokens <= len(rewrite) + len("    more()\n") * (lines + 1)
+        assert engine.edits is not None
+        got[name] = engine.edits.last_tokens
+    assert got["spec"] == got["plain"]
+
+
 def test_a_cancelled_request_and_an_unknown_layout() -> None:
     models = fake_models()
     engine = OnnxEngine(EngineSettings(costs_cache=False), models, SMALL)
