@@ -51,10 +51,16 @@ class NextEditCounters:
     accepted: int = 0  # the edit's command through workspace/executeCommand, once per offered edit
     tokens_wasted: int = 0  # generated for edits that were cancelled or stale
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    # of that latency: waiting for the engine thread (work in flight when the request came), then
+    # the engine's run (the rest is the server's own)
+    queued_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    engine_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
 
     def snapshot(self) -> dict[str, object]:
         plain: dict[str, object] = {k: v for k, v in vars(self).items() if not isinstance(v, deque)}
-        plain["latency_ms"] = percentiles(list(self.latency_ms))
+        for k, v in vars(self).items():
+            if isinstance(v, deque):
+                plain[k] = percentiles(list(v))
         return plain
 
 

@@ -294,11 +294,15 @@ class NextEdits:
         """On the engine thread; None when it never ran (preempted or closed before it started)."""
         if job.cancelled or self.closed or not self.team_auth.authenticated:
             return None
+        start = time.monotonic()
+        self.counters.queued_ms.append((start - job.started) * 1000)
         try:
             return self.sync.engine.next_edit(request, job.event.is_set)
         except Exception:
             logger.exception("engine.next_edit failed")
             return no_next_edit(request, "error")
+        finally:
+            self.counters.engine_ms.append((time.monotonic() - start) * 1000)
 
     # ------------------------------------------------------------------ shown and accepted
     def _offer(self, uri: str) -> str:

@@ -90,6 +90,9 @@ async def test_an_edit_comes_back_in_copilots_shape_for_the_requests_version() -
         s = await next_edit_stats(client)
         assert s["requests"] == 4 and s["answered"] == 2 and s["empty"] == 2
         assert s["latency_ms"]["n"] == 4
+        # the two that reached the engine: how long each waited for it and ran in it
+        assert s["queued_ms"]["n"] == s["engine_ms"]["n"] == 2
+        assert s["engine_ms"]["p50"] <= s["latency_ms"]["p95"]
 
 
 async def test_no_edit_for_a_superseded_version() -> None:
