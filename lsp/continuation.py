@@ -57,9 +57,11 @@ class Continuation:
         if self._waiting is not token or self.outdated(doc):
             return  # a request or an edit came meanwhile
         self._waiting = None
+        if self.host.asked_pending():
+            return  # a next edit the client asked for goes before a block nobody asked for yet
         job = Job(doc.uri, None, params, doc, started=time.monotonic())
         self.host.counters.continuations += 1
-        future = self.host.submit_background(job, partial(self.generate, request, job))
+        future = self.host.submit_background(job, partial(self.generate, request, job), asked=False)
         loop = asyncio.get_running_loop()
         future.add_done_callback(lambda f: post_to_loop(loop, self._finished, f))
 

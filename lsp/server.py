@@ -104,6 +104,8 @@ class EngineHost:
         self._load: concurrent.futures.Future[None] | None = None
         self._progress_listeners: list[Callable[[str, float], None]] = []
         self._background: Job | None = None  # the queued or running background work (one at a time)
+        # ... when a client asked for it (a next edit), its future: a speculative block waits for it
+        self._asked: concurrent.futures.Future[Any] | None = None
 
     @property
     def ready(self) -> bool:
@@ -155,12 +157,23 @@ class EngineHost:
     def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         return self.executor.submit(fn)
 
-    def submit_background(self, job: Job, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        """Work no request waits for (a line-first answer's block), cancelled through ``job`` by
-        ``preempt``; one at a time (submitting preempts the previous one). Event loop thread only."""
+    def submit_background(
+        self, job: Job, fn: Callable[[], Any], asked: bool = True
+    ) -> concurrent.futures.Future[Any]:
+        """Work that goes after every completion request: a next edit a client ``asked`` for, or a
+        line-first answer's block (speculative: ``asked`` False, submitted only while no asked-for
+        work is pending, ``asked_pending``). Cancelled through ``job`` by ``preempt``; one at a time
+        (submitting preempts the previous one). Event loop thread only."""
         self.preempt()
         self._background = job
-        return self.executor.submit(fn)
+        future = self.executor.submit(fn)
+        self._asked = future if asked else None
+        return future
+
+    def asked_pending(self) -> bool:
+        """Background work a client asked for is queued or running (and not preempted)."""
+        job, future = self._background, self._asked
+        return job is not None and future is not None and not job.cancelled and not future.done()
 
     def preempt(self) -> None:
         """A request or an edit came: cancel the background work (a running decode stops at its next

@@ -120,6 +120,26 @@ async def test_line_first_off_waits_for_the_block(reference):
         host.close()
 
 
+async def test_a_next_edit_the_client_asked_for_is_not_preempted_by_a_block(reference, monkeypatch):
+    """A completion answered line-first while a next edit waits for the engine: its block, due after
+    the pause, must not cancel that edit (it was asked for; the block is speculation)."""
+    monkeypatch.setattr(continuation_module, "CONTINUE_AFTER_S", 0.01)
+    session, host = open_session()
+    try:
+        release = threading.Event()
+        asked = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+        # the completion's answer comes first (the engine thread is free), then the edit is asked
+        assert await ask(session, 1, *CURSOR) == reference.answer(SOURCE, offset_of(*CURSOR))
+        edit = host.submit_background(asked, lambda: "edit" if not release.wait(30) else "done")
+        assert host.asked_pending()
+        await asyncio.sleep(0.2)  # the block's pause is over
+        assert not asked.cancelled and host.counters.continuations == 0  # Not preempted by the block
+        release.set()
+        assert edit.result(30) == "done" and not host.asked_pending()
+    finally:
+        host.close()
+
+
 def test_preempt_cancels_the_background_work_and_only_it():
     host = EngineHost(OnnxEngine(EngineSettings()))
     try:
