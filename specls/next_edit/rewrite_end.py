@@ -3,9 +3,11 @@
 An output ends at the layout's end marker, or where it runs on into the file's text after the region
 (``EditLayout.body_end``). Two more ends spare decoding what no suggestion can use:
 
-- ``run_on``: the output copied the region unchanged and then wrote more than an end marker. The
-  model is writing on past the region (new code, a completion's work), not editing it: no edit,
-  and nothing more to decode. Lost: an edit that only adds lines after the region's last line.
+- ``run_on``: the output reached the region's end and then wrote more than an end marker: it copied
+  the region whole, or it wrote the region's last two non-blank lines (when they are telling: 16
+  characters or more, found once in the region) at a line's start. The model is writing on past the
+  region (new code, a completion's work), not editing it: no edit, and nothing more to decode.
+  Lost: an edit that only adds lines after the region's last line.
 - ``too_long``: the output has more lines than the region and ``max_added_lines``: the rewrite has
   left the region (a budget cut in lines rather than tokens; malformed, as a token budget cut is).
 
@@ -18,6 +20,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specls.next_edit.layouts import EditLayout
+
+TELLING = 16  # characters a region's tail needs to mark its end (shorter lines recur in code)
+
+
+def _tail(copy: str) -> str:
+    """The region's last two non-blank lines through the second's line end, when they are telling
+    and found once in it, else "".
+
+    >>> _tail("a = 1\\nreturn_value = a\\n\\nprint(return_value)\\n\\n")
+    'return_value = a\\n\\nprint(return_value)\\n'
+    >>> _tail("x\\n)\\n")   # too short to be telling
+    ''
+    """
+    lines = copy.splitlines(keepends=True)
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    if len(filled) < 2 or not lines[filled[-1]].endswith("\n"):
+        return ""
+    tail = "".join(lines[filled[-2] : filled[-1] + 1])
+    return tail if len(tail.strip()) >= TELLING and copy.count(tail) == 1 else ""
 
 
 @dataclass(frozen=True)
@@ -33,25 +54,38 @@ class RewriteEnd:
     (None, (19, 'too_long'))
     >>> end.read("x = 1\\ny = 3\\n```", eos=False), end.read("x = 1\\ny = 2\\n    z", eos=False)
     (('x = 1\\ny = 3\\n', ''), (None, 'run_on'))
+    >>> region = "def f(a):\\n    b = a + 1\\n    return b * 2\\n"
+    >>> edited = RewriteEnd.of(get_layout("chat-rewrite"), region, "", 4)
+    >>> edited.tail, edited.end("def g(a):\\n    b = a + 1\\n    return b * 2\\n\\ndef h")  # Not None: an edit, then on
+    ('    b = a + 1\\n    return b * 2\\n', (47, 'run_on'))
     """
 
     layout: EditLayout
     copy: str
     after: str
     max_lines: int
+    tail: str = ""  # the region's last two non-blank lines, when telling ("": none)
 
     @classmethod
     def of(cls, layout: EditLayout, region_text: str, after: str, max_added_lines: int) -> RewriteEnd:
         unchanged = layout.output_of(region_text)
         at = layout.body_end(unchanged)
         copy = unchanged if at is None else unchanged[:at]
-        return cls(layout, copy, after, copy.count("\n") + max(0, max_added_lines))
+        return cls(layout, copy, after, copy.count("\n") + max(0, max_added_lines), _tail(copy))
 
     def _runs_on(self, output: str) -> bool:
-        """The region copied whole, then text no end marker starts with (blank lines wait)."""
-        if not self.copy.endswith("\n") or not output.startswith(self.copy):
+        """The region's end reached (the region copied whole, or its tail at a line's start), then
+        text no end marker starts with (blank lines wait)."""
+        if self.copy.endswith("\n") and output.startswith(self.copy):
+            return self._more(output[len(self.copy) :])
+        if not self.tail:
             return False
-        return self._more(output[len(self.copy) :])
+        at = output.find(self.tail)
+        while at >= 0:
+            if (at == 0 or output[at - 1] == "\n") and self._more(output[at + len(self.tail) :]):
+                return True
+            at = output.find(self.tail, at + 1)
+        return False
 
     def _more(self, rest: str) -> bool:
         """``rest`` holds text no end marker starts with (blank lines wait)."""

@@ -5,6 +5,7 @@ an undo, a cut output)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -154,19 +155,22 @@ def test_nothing_is_shown_for_an_unchanged_region_an_undo_or_a_cut_output() -> N
 
 
 @pytest.mark.parametrize(
-    ("extra", "edited", "why"),
+    ("edit_of", "why", "lines"),
     [
-        ("    more()\n" * 30, False, "run_on"),  # the region copied, then written on
-        ("    more()\n" * 30, True, "too_long"),  # an edit, then lines past the budget
+        (lambda r: r, "run_on", 0),  # the region copied, then written on
+        (lambda r: r.replace("walk(top)", "walk(top)  # x"), "run_on", 0),  # an edit, the region's end
+        (lambda r: r.replace("dirpath, name)", "dirpath, name))"), "too_long", 2),  # its end edited
     ],
 )
-def test_an_output_past_the_region_stops_early_and_shows_nothing(extra: str, edited: bool, why: str) -> None:
-    """A model that writes on past the region is stopped a line in (rewrite_end), not at the token
-    budget, with speculation as without."""
+def test_an_output_past_the_region_stops_early_and_shows_nothing(
+    edit_of: Callable[[str], str], why: str, lines: int
+) -> None:
+    """A model that writes on past the region is stopped a line in (rewrite_end) or once past the
+    lines it may add, not at the token budget, with speculation as without."""
     edit = replace(SMALL, layout="sweep", max_added_lines=2)
     req = request()
     region = "".join(AFTER.splitlines(keepends=True)[1:9])
-    rewrite = region.replace("walk(top)", "walk(top)  # x") if edited else region
+    rewrite, extra = edit_of(region), "    more()\n" * 30
     got = {}
     for name, settings in (("plain", EngineSettings(speculation=False)), ("spec", EngineSettings())):
         models, lm = script_models()
@@ -175,8 +179,8 @@ def test_an_output_past_the_region_stops_early_and_shows_nothing(extra: str, edi
         engine = OnnxEngine(replace(settings, costs_cache=False), models, edit)
         result = engine.next_edit(replace(req, max_tokens=len(rewrite) + len(extra)))
         assert result.edits == () and result.dropped == why and result.stop_reason == "stop"
-        lines = 2 if edited else 0  # the budget's added lines: an unchanged region stops a line in
-        assert len(region) < result.tokens <= len(rewrite) + len("    more()\n") * (lines + 1)
+        # a line in past the region's end, or past the lines it may add
+        assert len(rewrite) < result.tokens <= len(rewrite) + len("    more()\n") * (lines + 1)
         assert engine.edits is not None
         got[name] = engine.edits.last_tokens
     assert got["spec"] == got["plain"]

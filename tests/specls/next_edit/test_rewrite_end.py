@@ -79,3 +79,29 @@ def test_a_region_without_a_final_newline_never_runs_on() -> None:
     """Text after such a region goes on its last line: an edit of that line, not a run on."""
     end = RewriteEnd.of(get_layout("fim-rewrite"), "x = 1", "", max_added_lines=1)
     assert end.end("x = 10") is None
+
+
+LONG = "def f(a):\n    b = a + 1\n\n    return b * 2\n\n"
+
+
+@pytest.mark.parametrize(
+    ("output", "want"),
+    [
+        ("def g(a):\n    b = a + 1\n\n    return b * 2\n```", "end"),
+        ("def g(a):\n    b = a + 1\n\n    return b * 2\n\n\n", None),  # blank lines wait
+        ("def g(a):\n    b = a + 1\n\n    return b * 2\n\ndef h", "run_on"),  # Not None: the edit, then on
+        ("def g(a):\n    b = a + 2\n\n    return b * 2\n\ndef h", None),  # Not run_on: its tail edited
+        ("x    b = a + 1\n\n    return b * 2\nmore", None),  # Not run_on: the tail must open a line
+    ],
+)
+def test_the_regions_tail_marks_its_end(output: str, want: str | None) -> None:
+    end = RewriteEnd.of(get_layout("chat-snippet"), LONG, "", max_added_lines=4)
+    assert end.tail == "    b = a + 1\n\n    return b * 2\n"
+    got = end.end(output)
+    assert (got[1] if got else None) == want
+
+
+def test_a_tail_that_recurs_or_is_short_marks_nothing() -> None:
+    twice = "    b = a + 1\n    return b * 2\n" * 2
+    assert RewriteEnd.of(get_layout("chat-snippet"), twice, "", 4).tail == ""  # Not the first copy's end
+    assert RewriteEnd.of(get_layout("chat-snippet"), "x = 1\n)\n", "", 4).tail == ""
