@@ -241,20 +241,52 @@ SNIPPET_INSTRUCTIONS = (
     "the next place it fits). If they imply none there, return the block unchanged. Reply with the "
     "whole block only, in one code block."
 )
+# the snippet layouts' instruction in the system prompt, the prompt's stable start (its KV is kept),
+# and a short reminder of it after the block: a request re-prefills the reminder only
+SNIPPET_SYSTEM = (
+    f"{CHAT_SYSTEM} You are shown a file, the programmer's recent edits and a code block of the file. "
+    f"{SNIPPET_INSTRUCTIONS}"
+)
+SNIPPET_REMINDER = "Reply with the whole block, the next edit applied."
 FENCE = "```"
 
 
-def _chat(user: str, examples: str = "") -> str:
+def _chat(user: str, examples: str = "", system: str = CHAT_SYSTEM) -> str:
     """Qwen2.5's chat template with the reply started by a code fence: its output is code.
     ``examples``: earlier turns (worked examples) between the system prompt and the request."""
     return (
-        f"<|im_start|>system\n{CHAT_SYSTEM}<|im_end|>\n{examples}<|im_start|>user\n{user}<|im_end|>\n"
+        f"<|im_start|>system\n{system}<|im_end|>\n{examples}<|im_start|>user\n{user}<|im_end|>\n"
         f"<|im_start|>assistant\n{FENCE}\n"
     )
 
 
+def _diffs(history: Sequence[EditDiff]) -> str:
+    """The edits as one unified diff: a file's ``---``/``+++`` header once for its successive hunks
+    (fewer tokens, and the newest hunk, which changes as the user types, starts at its ``@@``).
+
+    >>> print(_diffs([EditDiff("a.py", "x\\n", "y\\n", 0), EditDiff("a.py", "z\\n", "w\\n", 5)]), end="")
+    --- a/a.py
+    +++ b/a.py
+    @@ -1 +1 @@
+    -x
+    +y
+    @@ -6 +6 @@
+    -z
+    +w
+    """
+    parts, last = [], None
+    for d in history:
+        diff = d.unified()
+        if diff and d.path == last:
+            diff = diff.split("\n", 2)[2]
+        if diff:
+            parts.append(diff)
+            last = d.path
+    return "".join(parts)
+
+
 def _edits_block(p: EditPrompt) -> str:
-    diffs = "".join(d.unified() for d in p.history)
+    diffs = _diffs(p.history)
     return (
         f"Recent edits, oldest first:\n{FENCE}diff\n{diffs}{FENCE}\n\n" if diffs else "No recent edits.\n\n"
     )
@@ -330,14 +362,14 @@ class ChatSnippetLayout(ChatRewriteLayout):
     >>> text = SNIPPET.render(EditPrompt("a.py", "a\\n", "b\\n", "c\\n", cursor=1))
     >>> "lines 1-3:\\n```\\na\\nb\\nc\\n```" in text, "(lines 2-2 of a.py as it is now):\\n```\\nb\\n```" in text
     (True, True)
-    >>> text.endswith("in one code block.<|im_end|>\\n<|im_start|>assistant\\n```\\n")
+    >>> text.endswith("the next edit applied.<|im_end|>\\n<|im_start|>assistant\\n```\\n")
     True
     """
 
     name = "chat-snippet"
 
     def render(self, p: EditPrompt) -> str:
-        return _chat(self.user_turn(p), self.examples())
+        return _chat(self.user_turn(p), self.examples(), SNIPPET_SYSTEM)
 
     def examples(self) -> str:
         """Worked examples as earlier chat turns before the request ("": zero-shot)."""
@@ -357,7 +389,7 @@ class ChatSnippetLayout(ChatRewriteLayout):
             f"File {p.path}, lines {view_line + 1}-{last_view}:\n{FENCE}\n{_line(view)}{FENCE}\n\n"
             f"{self.edits_block(p)}The cursor is on line {first + p.region[:cursor].count(chr(10))}. "
             f"The code block to edit (lines {first}-{last} of {p.path} as it is now):\n{FENCE}\n"
-            f"{_line(p.region)}{FENCE}\n\n{SNIPPET_INSTRUCTIONS}"
+            f"{_line(p.region)}{FENCE}\n\n{SNIPPET_REMINDER}"
         )
 
 

@@ -140,13 +140,16 @@ def test_chat_snippet_layout() -> None:
     assert text.index(block) > text.index("    return a * b\n")  # after the whole file
     assert "<region>" not in text and CURSOR not in text
     assert "The cursor is on line 4. The code block" in text
-    # the stable part first: the file, then the edits, then the block and the instruction
+    # the stable part first: the instruction (system prompt), the file; then the edits (one diff:
+    # the file's header once), the block and a short reminder of the instruction
     assert (
-        text.index("    return a * b\n")
+        text.index("Apply to")
+        < text.index("    return a * b\n")
         < text.index("@@ -4 +4 @@")
         < text.index(block)
-        < text.index("Apply to")
+        < text.rindex("Reply with the whole block, the next edit applied.")
     )
+    assert text.count("--- a/pkg/a.py\n+++ b/pkg/a.py\n") == 1 and text.count("@@ -") == 2
     assert SNIPPET.parse("def f(x, c):\n```") == "def f(x, c):\n"
     assert SNIPPET.parse("def f(x, c):\n", eos=True) == "def f(x, c):\n"  # the turn ended without a fence
     assert SNIPPET.parse("def f(x, c):\n") is None  # Not a rewrite: cut by the budget
