@@ -36,6 +36,9 @@ def _result(future: Outcome) -> CompletionResult | None:
     return future.result()
 
 
+RECENT_REQUESTS = 64  # next-edit requests listed one by one in the stats
+
+
 @dataclass
 class NextEditCounters:
     """What became of the next-edit requests (``textDocument/copilotInlineEdit``) and their edits."""
@@ -55,12 +58,14 @@ class NextEditCounters:
     # the engine's run (the rest is the server's own)
     queued_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     engine_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    # the newest requests one by one: ms (the latency), queued_ms and engine_ms when it reached the engine
+    recent: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
 
     def snapshot(self) -> dict[str, object]:
         plain: dict[str, object] = {k: v for k, v in vars(self).items() if not isinstance(v, deque)}
         for k, v in vars(self).items():
             if isinstance(v, deque):
-                plain[k] = percentiles(list(v))
+                plain[k] = list(v) if k == "recent" else percentiles(list(v))
         return plain
 
 

@@ -192,8 +192,9 @@ class NextEdits:
         counters = self.counters
         counters.requests += 1
         started = time.monotonic()
+        timing: dict[str, float] = {}  # filled on the engine thread: queued_ms, engine_ms
         try:
-            answer = await self._request(params)
+            answer = await self._request(params, timing)
         except asyncio.CancelledError:
             counters.cancelled += 1  # $/cancelRequest
             raise
@@ -201,10 +202,12 @@ class NextEdits:
             logger.exception("next edit failed for %s", _field(params, "textDocument", "uri"))
             counters.errors += 1
             return empty()
-        counters.latency_ms.append((time.monotonic() - started) * 1000)
+        ms = (time.monotonic() - started) * 1000
+        counters.latency_ms.append(ms)
+        counters.recent.append({"ms": round(ms, 1), **{k: round(v, 1) for k, v in timing.items()}})
         return answer
 
-    async def _request(self, params: Any) -> dict[str, Any]:
+    async def _request(self, params: Any, timing: dict[str, float]) -> dict[str, Any]:
         counters = self.counters
         uri = _field(params, "textDocument", "uri")
         version = _field(params, "textDocument", "version")
@@ -222,10 +225,12 @@ class NextEdits:
         elif self.languages() and doc.language_id not in self.languages():
             counters.empty += 1
         else:
-            return await self._run(doc.snapshot(), line, character)
+            return await self._run(doc.snapshot(), line, character, timing)
         return empty()
 
-    async def _run(self, doc: Document, line: int, character: int) -> dict[str, Any]:
+    async def _run(
+        self, doc: Document, line: int, character: int, timing: dict[str, float]
+    ) -> dict[str, Any]:
         """Compute the edit on ``doc`` (a snapshot) as background work; answer it only if ``doc`` is
         still the document."""
         counters = self.counters
@@ -237,7 +242,7 @@ class NextEdits:
         job = Job(doc.uri, None, params, doc, started=time.monotonic())
         self.preempt()
         self._job = job
-        generate = partial(self._generate, request, job)
+        generate = partial(self._generate, request, job, timing)
         # team mode: the scheduler runs it below every completion (the client's completions preempt it)
         future = self.team_auth.submit(generate)
         if future is None:
@@ -291,19 +296,23 @@ class NextEdits:
             last_edit=LastEdit(last.start_line, last.old_text, last.new_text) if last is not None else None,
         )
 
-    def _generate(self, request: NextEditRequest, job: Job) -> NextEditResult | None:
+    def _generate(
+        self, request: NextEditRequest, job: Job, timing: dict[str, float]
+    ) -> NextEditResult | None:
         """On the engine thread; None when it never ran (preempted or closed before it started)."""
         if job.cancelled or self.closed or not self.team_auth.authenticated:
             return None
         start = time.monotonic()
-        self.counters.queued_ms.append((start - job.started) * 1000)
+        timing["queued_ms"] = (start - job.started) * 1000
+        self.counters.queued_ms.append(timing["queued_ms"])
         try:
             return self.sync.engine.next_edit(request, job.event.is_set)
         except Exception:
             logger.exception("engine.next_edit failed")
             return no_next_edit(request, "error")
         finally:
-            self.counters.engine_ms.append((time.monotonic() - start) * 1000)
+            timing["engine_ms"] = (time.monotonic() - start) * 1000
+            self.counters.engine_ms.append(timing["engine_ms"])
 
     # ------------------------------------------------------------------ shown and accepted
     def _offer(self, uri: str) -> str:

@@ -93,6 +93,9 @@ async def test_an_edit_comes_back_in_copilots_shape_for_the_requests_version() -
         # the two that reached the engine: how long each waited for it and ran in it
         assert s["queued_ms"]["n"] == s["engine_ms"]["n"] == 2
         assert s["engine_ms"]["p50"] <= s["latency_ms"]["p95"]
+        # and one by one, in order: the two edits ran in the engine, the two empty answers did not
+        assert [sorted(r) for r in s["recent"]] == [["engine_ms", "ms", "queued_ms"]] * 2 + [["ms"]] * 2
+        assert all(r["queued_ms"] + r["engine_ms"] <= r["ms"] + 1 for r in s["recent"][:2])
 
 
 async def test_no_edit_for_a_superseded_version() -> None:
