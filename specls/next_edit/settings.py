@@ -37,9 +37,9 @@ class NextEditSettings:
     # the drafting policy prices each pass's length by the measured verify costs
     draft_length: int = 48
     # an output with more lines than the region and these is over (``rewrite_end``): it has left the
-    # region, and decoding on costs a pass every few tokens; few real next edits add more
-    # (docs/next-edit.md, "When an output is over")
-    max_added_lines: int = 4
+    # region, and new code costs a pass every few tokens, about half a second a line on a CPU; few
+    # real next edits add more (docs/next-edit.md, "When an output is over")
+    max_added_lines: int = 3
     min_match: int = 3  # RegionDrafter's realignment match (decoder/region_drafter.py)
     # the target's confidence on an edit's changed tokens (specls.next_edit.confidence), one short
     # pass over them after a decode that suggests edits; an edit whose least sure changed token's
