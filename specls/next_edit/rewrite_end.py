@@ -21,6 +21,16 @@ from dataclasses import dataclass
 
 from specls.next_edit.layouts import EditLayout
 
+
+def _lines(text: str) -> int:
+    """Lines of ``text``, a last one without its line end counted.
+
+    >>> _lines("a\\nb\\n"), _lines("a\\nb"), _lines("")
+    (2, 2, 0)
+    """
+    return text.count("\n") + int(bool(text) and not text.endswith("\n"))
+
+
 TELLING = 16  # characters a region's tail needs to mark its end (shorter lines recur in code)
 
 
@@ -44,7 +54,8 @@ def _tail(copy: str) -> str:
 @dataclass(frozen=True)
 class RewriteEnd:
     """The ends of one request's output (module docstring). ``copy``: the layout's output for the
-    unchanged region, up to its end marker; ``max_lines``: the most line ends an output may hold.
+    unchanged region, up to its end marker; ``max_lines``: the most lines an output may hold (a last
+    line without its line end counts).
 
     >>> from specls.next_edit.layouts import get_layout
     >>> end = RewriteEnd.of(get_layout("chat-rewrite"), "x = 1\\ny = 2\\n", after="", max_added_lines=1)
@@ -71,7 +82,7 @@ class RewriteEnd:
         unchanged = layout.output_of(region_text)
         at = layout.body_end(unchanged)
         copy = unchanged if at is None else unchanged[:at]
-        return cls(layout, copy, after, copy.count("\n") + max(0, max_added_lines), _tail(copy))
+        return cls(layout, copy, after, _lines(copy) + max(0, max_added_lines), _tail(copy))
 
     def _runs_on(self, output: str) -> bool:
         """The region's end reached (the region copied whole, or its tail at a line's start), then

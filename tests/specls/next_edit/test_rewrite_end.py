@@ -105,3 +105,16 @@ def test_a_tail_that_recurs_or_is_short_marks_nothing() -> None:
     twice = "    b = a + 1\n    return b * 2\n" * 2
     assert RewriteEnd.of(get_layout("chat-snippet"), twice, "", 4).tail == ""  # Not the first copy's end
     assert RewriteEnd.of(get_layout("chat-snippet"), "x = 1\n)\n", "", 4).tail == ""
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize(
+    "region", ["a\nb\n", "a\n\n\n", "last line without newline", "", "x = '```'\n", "\n"]
+)
+def test_an_unchanged_odd_region_is_never_cut_short(name: str, region: str) -> None:
+    layout = get_layout(name)
+    end = RewriteEnd.of(layout, region, "", max_added_lines=0)
+    output = layout.output_of(region)
+    assert [p for p in range(len(output) + 1) if (e := end.end(output[:p])) and e[1] != "end"] == []
+    rewritten, why = end.read(output, eos=False)
+    assert why == "" and rewritten is not None
