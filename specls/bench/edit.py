@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import statistics
 import sys
 import time
@@ -131,8 +132,23 @@ class Quality:
     # each shown edit: (its least sure changed token's margin, whether it was the expected edit, the
     # similarity of its changed lines to the expected ones: 0 for a false edit)
     shown: list[tuple[float, bool, float]] = field(default_factory=list)
+    # each task's outcome, for reading which tasks a layout got right (the JSON's ``tasks``)
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, task: EditTask, r: NextEditResult, confidence: EditConfidence | None = None) -> None:
+        got = apply_edits(task.text, r.edits) if r.edits else None
+        self.outcomes.append(
+            {
+                "task": task.source,
+                "near": task.expected is not None,
+                "shown": bool(r.edits),
+                "exact": got is not None and got == task.expected,
+                "dropped": r.dropped,
+                "margin": None
+                if confidence is None or not math.isfinite(confidence.min_margin)
+                else round(confidence.min_margin, 3),
+            }
+        )
         self.undo += int(r.undone > 0)
         self.malformed += int(r.dropped in ("malformed", "too_long"))
         self.run_on += int(r.dropped == "run_on")
@@ -144,10 +160,9 @@ class Quality:
                 self.shown.append((margin, False, 0.0))
             return
         self.near += 1
-        if not r.edits:
+        if got is None:
             self.no_edit += 1
             return
-        got = apply_edits(task.text, r.edits)
         self.exact += int(got == task.expected)
         a, b = _changed(task.text, got), _changed(task.text, task.expected)
         similarity = difflib.SequenceMatcher(None, "\n".join(a), "\n".join(b)).ratio()
@@ -170,6 +185,7 @@ class Quality:
             "run_on_pct": pct(self.run_on, self.near + self.far),
             "show_rule": show_rule(self.shown, self.near + self.far),
             "show_bars": show_bars(self.shown, self.near + self.far),
+            "tasks": self.outcomes,
         }
 
 

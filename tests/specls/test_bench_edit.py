@@ -104,6 +104,14 @@ def test_the_show_rule_trades_coverage_for_precision() -> None:
     rule = [(r["min_margin"], r["shown"], r["exact"], r["precision_pct"]) for r in s["show_rule"]]
     assert rule == [(9.0, 1, 1, 100.0), (0.2, 2, 1, 50.0), (0.2, 3, 1, 33.3)]
     assert s["show_rule"][0]["coverage_pct"] == 25.0 and s["malformed_pct"] == 25.0
+    # task by task, in order: which were right, shown, dropped, and how sure
+    outcomes = [(t["near"], t["shown"], t["exact"], t["dropped"], t["margin"]) for t in s["tasks"]]
+    assert outcomes == [
+        (True, True, True, "", 9.0),
+        (True, True, False, "", 0.2),  # Not exact: one character off
+        (False, True, False, "", 0.2),
+        (True, False, False, "malformed", None),
+    ]
     # the fixed bars: all three shown with no bar, only the sure one from a bar of 0.5 on
     bars = {r["bar"]: (r["shown"], r["exact"], r["precision_pct"]) for r in s["show_bars"]}
     assert bars[None] == (3, 1, 33.3) and bars[0.5] == (1, 1, 100.0) and bars[8.0] == (1, 1, 100.0)
