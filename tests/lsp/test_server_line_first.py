@@ -132,7 +132,7 @@ async def test_a_next_edit_the_client_asked_for_is_not_preempted_by_a_block(refe
         assert await ask(session, 1, *CURSOR) == reference.answer(SOURCE, offset_of(*CURSOR))
         edit = host.submit_background(asked, lambda: "edit" if not release.wait(30) else "done")
         assert host.asked_pending()
-        await asyncio.sleep(0.2)  # the block's pause is over
+        await until(lambda: session.continuation._waiting is None)  # the block's pause is over
         assert not asked.cancelled and host.counters.continuations == 0  # Not preempted by the block
         release.set()
         assert edit.result(30) == "done" and not host.asked_pending()
