@@ -101,7 +101,12 @@ def _run_on(output: str, after: str) -> int | None:
     return None if i < 0 else i + 1
 
 
-def run_on_text(region: str, suffix: str, lines: int = 2, telling: int = 16) -> str:
+# characters of text that mark where a region ends (the file's text after it, or its own last
+# lines): shorter lines (a closing bracket, ``pass``) recur all over code
+TELLING = 16
+
+
+def run_on_text(region: str, suffix: str, lines: int = 2, telling: int = TELLING) -> str:
     """The text after the region that marks a run on: ``suffix`` through its first non-blank line
     when that is ``telling`` characters long (a model that copied the region often writes the file's
     next line and then makes up its own), else through its first ``lines`` non-blank lines; ""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specls.next_edit.layouts import EditLayout
+from specls.next_edit.layouts import TELLING, EditLayout
 
 
 def _lines(text: str) -> int:
@@ -29,9 +29,6 @@ def _lines(text: str) -> int:
     (2, 2, 0)
     """
     return text.count("\n") + int(bool(text) and not text.endswith("\n"))
-
-
-TELLING = 16  # characters a region's tail needs to mark its end (shorter lines recur in code)
 
 
 def _tail(copy: str) -> str:
