@@ -62,12 +62,16 @@ class PolicyState:
     model: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.6,)))
     # The region's continuation in a next edit (``RegionDrafter``): free to propose like lookup, and
     # the output copies the region but for the edit, so long proposals are mostly right. Prior 0.9.
-    region: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.9,)))
+    region: AcceptanceByPosition = field(
+        default_factory=lambda: AcceptanceByPosition(prior=(0.9,), pooled=True)
+    )
     # The region right after a region proposal of the same request was accepted whole: the output is
     # copying the region, which it goes on doing to the region's end but for the edit, so far more
     # often right than the first proposal (at the start or after a realignment, which may be wrong).
     # Apart, so that long runs are drafted long and first proposals are not. Prior 0.98.
-    region_hot: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.98,)))
+    region_hot: AcceptanceByPosition = field(
+        default_factory=lambda: AcceptanceByPosition(prior=(0.98,), pooled=True)
+    )
     # A feature head's guesses (``HeadDrafter``): each later head is right less often. Priors: about
     # half at first, fading.
     head: AcceptanceByPosition = field(default_factory=lambda: AcceptanceByPosition(prior=(0.5, 0.45, 0.4)))
