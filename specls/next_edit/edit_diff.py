@@ -15,12 +15,13 @@ from specls.next_edit.edits import lines_of
 _HEADER = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 
 
-def _shift_header(line: str, old_shift: int, new_shift: int) -> str:
+def _shift_header(line: str, shift: int, new_count: bool = True) -> str:
     m = _HEADER.match(line)
     if m is None:
         return line
-    old, new = int(m.group(1)) + old_shift, int(m.group(3)) + new_shift
-    return f"@@ -{old}{m.group(2) or ''} +{new}{m.group(4) or ''} @@{line[m.end() :]}"
+    old, new = int(m.group(1)) + shift, int(m.group(3)) + shift
+    count = (m.group(4) or "") if new_count else ""
+    return f"@@ -{old}{m.group(2) or ''} +{new}{count} @@{line[m.end() :]}"
 
 
 def _lines(text: str) -> list[str]:
@@ -40,8 +41,11 @@ class EditDiff:
     new: str
     start_line: int = 0
 
-    def unified(self, context: int = 3) -> str:
+    def unified(self, context: int = 3, new_count: bool = True) -> str:
         """A unified diff (difflib) with the document's own line numbers; "" when nothing changed.
+        ``new_count=False``: hunk headers without the new side's line count, which grows with every
+        line the user types into the hunk; a prompt that shows it would change there, and a prompt's
+        kept KV is reused only up to its first changed token.
 
         >>> print(EditDiff("a.py", "x = 1\\ny = 2\\n", "x = 1\\ny = 3\\n", start_line=9).unified(), end="")
         --- a/a.py
@@ -58,7 +62,7 @@ class EditDiff:
         )
         # difflib numbers from line 1 of what it was given (an empty side: "-0,0", after line 0), so
         # shifting both sides by start_line gives the file's numbers
-        out = [_shift_header(line, self.start_line, self.start_line) for line in diff]
+        out = [_shift_header(line, self.start_line, new_count) for line in diff]
         return "".join(out)
 
 

@@ -269,19 +269,22 @@ def _diffs(history: Sequence[EditDiff]) -> str:
     """The edits as one unified diff: a file's ``---``/``+++`` header once for its successive hunks
     (fewer tokens, and the newest hunk, which changes as the user types, starts at its ``@@``).
 
-    >>> print(_diffs([EditDiff("a.py", "x\\n", "y\\n", 0), EditDiff("a.py", "z\\n", "w\\n", 5)]), end="")
+    Hunk headers leave out the new side's count (``EditDiff.unified``): the hunk being typed grows
+    a line at a time, and its lines so far then stay the same tokens from one request to the next.
+
+    >>> print(_diffs([EditDiff("a.py", "x\\n", "y\\n", 0), EditDiff("a.py", "", "z\\nw\\n", 5)]), end="")
     --- a/a.py
     +++ b/a.py
     @@ -1 +1 @@
     -x
     +y
-    @@ -6 +6 @@
-    -z
+    @@ -5,0 +6 @@
+    +z
     +w
     """
     parts, last = [], None
     for d in history:
-        diff = d.unified()
+        diff = d.unified(new_count=False)
         if diff and d.path == last:
             diff = diff.split("\n", 2)[2]
         if diff:
@@ -365,7 +368,7 @@ class ChatSnippetLayout(ChatRewriteLayout):
     fence, or the end of its turn).
 
     >>> text = SNIPPET.render(EditPrompt("a.py", "a\\n", "b\\n", "c\\n", cursor=1))
-    >>> "lines 1-3:\\n```\\na\\nb\\nc\\n```" in text, "(lines 2-2 of a.py as it is now):\\n```\\nb\\n```" in text
+    >>> "lines 1-3:\\n```\\na\\nb\\nc\\n```" in text, "(lines 2-2 as it is now):\\n```\\nb\\n```" in text
     (True, True)
     >>> text.endswith("the next edit applied.<|im_end|>\\n<|im_start|>assistant\\n```\\n")
     True
@@ -393,7 +396,7 @@ class ChatSnippetLayout(ChatRewriteLayout):
         return (
             f"File {p.path}, lines {view_line + 1}-{last_view}:\n{FENCE}\n{_line(view)}{FENCE}\n\n"
             f"{self.edits_block(p)}The cursor is on line {first + p.region[:cursor].count(chr(10))}. "
-            f"The code block to edit (lines {first}-{last} of {p.path} as it is now):\n{FENCE}\n"
+            f"The code block to edit (lines {first}-{last} as it is now):\n{FENCE}\n"
             f"{_line(p.region)}{FENCE}\n\n{SNIPPET_REMINDER}"
         )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specls.next_edit.edit_diff import EditDiff
@@ -135,7 +137,7 @@ def test_chat_snippet_layout() -> None:
     # the file, then the edits, the cursor's line and the region alone as the block to return (its
     # file lines) right before the reply
     assert "lines 1-8:\n```\nimport os\n\n\ndef f(x, b):\n" in text
-    block = "(lines 4-7 of pkg/a.py as it is now):\n```\ndef f(x, b):\n    return x + b\n\ndef g(a, b):\n```"
+    block = "(lines 4-7 as it is now):\n```\ndef f(x, b):\n    return x + b\n\ndef g(a, b):\n```"
     assert block in text
     assert text.index(block) > text.index("    return a * b\n")  # after the whole file
     assert "<region>" not in text and CURSOR not in text
@@ -153,6 +155,16 @@ def test_chat_snippet_layout() -> None:
     assert SNIPPET.parse("def f(x, c):\n```") == "def f(x, c):\n"
     assert SNIPPET.parse("def f(x, c):\n", eos=True) == "def f(x, c):\n"  # the turn ended without a fence
     assert SNIPPET.parse("def f(x, c):\n") is None  # Not a rewrite: cut by the budget
+
+
+def test_a_hunk_typed_on_keeps_the_prompt_through_its_lines_so_far() -> None:
+    # the user types a second line into the hunk: the next prompt changes after its first line only,
+    # so the kept KV covers it (Not at the hunk's header, whose new side's count would change)
+    one = replace(PROMPT, history=[EditDiff("pkg/a.py", "", "    y = 1\n", start_line=4)])
+    two = replace(PROMPT, history=[EditDiff("pkg/a.py", "", "    y = 1\n    z = 2\n", start_line=4)])
+    a, b = SNIPPET.render(one), SNIPPET.render(two)
+    kept = a.index("    y = 1\n") + len("    y = 1\n")
+    assert b[:kept] == a[:kept] and "@@ -4,0 +5 @@\n+    y = 1\n+    z = 2\n" in b
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
