@@ -31,6 +31,7 @@ from specls.decoder.policy import (
     PassCosts,
     Plan,
     best_gamma,
+    expected_tokens,
     plan_pass,
 )
 from specls.decoder.region_drafter import RegionDrafter
@@ -68,7 +69,8 @@ class PolicyState:
     # The region right after a region proposal of the same request was accepted whole: the output is
     # copying the region, which it goes on doing to the region's end but for the edit, so far more
     # often right than the first proposal (at the start or after a realignment, which may be wrong).
-    # Apart, so that long runs are drafted long and first proposals are not. Prior 0.98.
+    # Apart, so that long runs are drafted long and first proposals are not: such a run is drafted
+    # whole (``PlannedDrafter.propose``), this table only counts how often it holds. Prior 0.98.
     region_hot: AcceptanceByPosition = field(
         default_factory=lambda: AcceptanceByPosition(prior=(0.98,), pooled=True)
     )
@@ -227,16 +229,23 @@ class PlannedDrafter(Drafter):
         free, table = self._free_tokens(context, k)
         with self.state.lock:
             self._table = table
-            plan = plan_pass(
-                len(free),
-                table.rates(k),
-                self.state.model.rates(k) if self.model is not None else None,
-                self.state.costs,
-                g_max=k,
-                remaining=remaining + 1,  # plan_pass keeps one token for the target's own
-                model_behind=self.model.behind(context) if self.model is not None else 0,
-                model_share=self.state.usual_unmatched(self.stopped),
-            )
+            if table is self.state.region_hot:
+                # a copy of the region in progress breaks at most once, at the edit, anywhere in it:
+                # a pass's expected tokens then grow with its length as its cost does (Not the decay
+                # the policy prices other drafts with), and each pass spared spares its fixed cost
+                g = len(free)
+                plan = Plan(g, 0, expected_tokens(table.rates(g), g) / self.state.costs.verify_cost(g))
+            else:
+                plan = plan_pass(
+                    len(free),
+                    table.rates(k),
+                    self.state.model.rates(k) if self.model is not None else None,
+                    self.state.costs,
+                    g_max=k,
+                    remaining=remaining + 1,  # plan_pass keeps one token for the target's own
+                    model_behind=self.model.behind(context) if self.model is not None else 0,
+                    model_share=self.state.usual_unmatched(self.stopped),
+                )
             self.state.choices[_plan_name(plan, self._head)] += 1
         tokens = free[: plan.lookup]
         model_q: np.ndarray | None = None

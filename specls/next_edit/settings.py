@@ -33,9 +33,10 @@ class NextEditSettings:
     # draft the region's continuation (RegionDrafter) under the drafting policy; False leaves lookup
     # and the draft model (the benchmark's "lookup" arm)
     region: bool = True
-    # the most tokens one pass drafts: long, since the rewrite copies the region but for the edit;
-    # the drafting policy prices each pass's length by the measured verify costs
-    draft_length: int = 48
+    # the most tokens one pass drafts: a 12-line region's whole copy, since the rewrite copies the
+    # region but for the edit (a copy in progress is drafted to the region's end; the drafting policy
+    # sizes the other passes by the measured verify costs)
+    draft_length: int = 128
     # an output with more lines than the region and these is over (``rewrite_end``): it has left the
     # region, and new code costs a pass every few tokens, about half a second a line on a CPU; few
     # real next edits add more (docs/next-edit.md, "When an output is over")

@@ -50,7 +50,7 @@ def test_an_unchanged_region_goes_in_long_passes_priced_by_its_own_table() -> No
     assert state.region.rate(0) > 0.9
 
 
-def test_costly_long_passes_keep_region_proposals_short() -> None:
+def test_costly_long_passes_keep_a_first_region_proposal_short_and_a_copy_is_drafted_whole() -> None:
     lm = TinyLM(40, 7)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     plain = lm.greedy(prompt, 64)
@@ -60,7 +60,10 @@ def test_costly_long_passes_keep_region_proposals_short() -> None:
         TinyCache(lm), prompt, drafter, DecodeSettings(max_new_tokens=64, draft_length=48), frozenset()
     )
     assert result.tokens == plain
-    assert max(len(result.accept_hist), 1) < 48  # Not 48: the verify cost caps the proposal
+    fed = [n for n, _ in result.pass_ms]  # [drafted + 1] per pass
+    assert fed[0] - 1 < 48  # Not 48: the verify cost caps the first (cold) proposal
+    # once it held whole, the copy is drafted to the region's end (or the pass's cap), whatever it costs
+    assert fed[1] - 1 == min(48, 64 - fed[0] - 1), fed
 
 
 def test_after_a_region_proposal_accepted_whole_the_next_is_priced_by_the_hot_table() -> None:
