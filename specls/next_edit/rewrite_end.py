@@ -96,8 +96,18 @@ class RewriteEnd:
         return False
 
     def _more(self, rest: str) -> bool:
-        """``rest`` holds text no end marker starts with (blank lines wait)."""
-        rest = rest.lstrip()
+        """``rest`` holds text no end marker starts with (blank lines wait). A line's indentation
+        counts: an end marker opens its line, so a line that starts with a space or a tab is code
+        (or a whitespace line, as good as none), and the pass that wrote it needs no next one.
+
+        >>> from specls.next_edit.layouts import get_layout
+        >>> end = RewriteEnd.of(get_layout("chat-rewrite"), "x = 1\\n", after="", max_added_lines=1)
+        >>> end._more("\\n"), end._more("\\n``"), end._more("\\n    "), end._more("y")
+        (False, False, True, True)
+        """
+        rest = rest.lstrip("\r\n")
+        if rest[:1] in (" ", "\t"):
+            return True
         return bool(rest) and not any(m.startswith(rest[: len(m)]) for m in self.layout.end_markers)
 
     def _too_long(self, output: str) -> bool:

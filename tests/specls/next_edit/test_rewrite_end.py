@@ -40,6 +40,8 @@ def test_an_output_of_every_layout_ends_at_its_marker_and_reads_back(name: str) 
         (REGION + "``", None),
         (REGION + "def g", "run_on"),  # Not None: the region was copied and the model writes on
         (REGION + "    b = 2", "run_on"),
+        (REGION + "    ", "run_on"),  # Not None: an indented line is code (no marker opens with a space)
+        (REGION + "\n\t", "run_on"),
         (REGION + "\n\ndef g", "run_on"),
         (REGION.replace("a\n", "b\n") + "def g", None),  # Not run_on: the region changed (a line added)
         (REGION.replace("a\n", "b\n") + "x\ny\nz", "too_long"),  # Not None: a line past the two added
