@@ -1,5 +1,6 @@
 """Line-first continuation: after a line-first answer (its first line at once), the whole block is
-decoded in the background once nothing happened for ``CONTINUE_AFTER_S``. It is the engine's last
+decoded in the background once nothing happened for ``CONTINUE_AFTER_S`` (and a next edit the
+client asked for meanwhile is answered). It is the engine's last
 completion when it finishes, so accepting or typing into the line shows the rest of the block by
 type-ahead, and asking again at the cursor replays it; a request or an edit preempts it."""
 
@@ -39,11 +40,13 @@ class Continuation:
         self.generate = generate
         self.outdated = outdated
         self._waiting: object | None = None  # the block waiting for the pause
+        self.deferred = False  # ... and, past it, for a next edit the client asked for
 
     def preempt(self) -> None:
         """A request, an edit, a close or a shutdown: no block starts after the pause, and a running
         one stops at its next target pass."""
         self._waiting = None
+        self.deferred = False
         self.host.preempt()
 
     def later(self, doc: Document, params: CursorParams, request: CompletionRequest) -> None:
@@ -56,9 +59,15 @@ class Continuation:
     def _start(self, token: object, doc: Document, params: CursorParams, request: CompletionRequest) -> None:
         if self._waiting is not token or self.outdated(doc):
             return  # a request or an edit came meanwhile
-        self._waiting = None
         if self.host.asked_pending():
-            return  # a next edit the client asked for goes before a block nobody asked for yet
+            # a next edit the client asked for goes before a block nobody asked for yet: the block
+            # starts once it is answered, unless a request or an edit comes first
+            self.deferred = True
+            loop = asyncio.get_running_loop()
+            self.host.after_asked(lambda: post_to_loop(loop, self._start, token, doc, params, request))
+            return
+        self._waiting = None
+        self.deferred = False
         job = Job(doc.uri, None, params, doc, started=time.monotonic())
         self.host.counters.continuations += 1
         future = self.host.submit_background(job, partial(self.generate, request, job), asked=False)

@@ -175,6 +175,15 @@ class EngineHost:
         job, future = self._background, self._asked
         return job is not None and future is not None and not job.cancelled and not future.done()
 
+    def after_asked(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the background work a client asked for is done (at once when there is
+        none): on the engine thread, or on this one when it is done already."""
+        future = self._asked
+        if future is None:
+            fn()
+        else:
+            future.add_done_callback(lambda _: fn())
+
     def preempt(self) -> None:
         """A request or an edit came: cancel the background work (a running decode stops at its next
         target pass, so the request waits for one pass at most). Event loop thread only."""

@@ -122,7 +122,8 @@ async def test_line_first_off_waits_for_the_block(reference):
 
 async def test_a_next_edit_the_client_asked_for_is_not_preempted_by_a_block(reference, monkeypatch):
     """A completion answered line-first while a next edit waits for the engine: its block, due after
-    the pause, must not cancel that edit (it was asked for; the block is speculation)."""
+    the pause, must not cancel that edit (it was asked for; the block is speculation); it starts once
+    the edit is answered."""
     monkeypatch.setattr(continuation_module, "CONTINUE_AFTER_S", 0.01)
     session, host = open_session()
     try:
@@ -132,10 +133,12 @@ async def test_a_next_edit_the_client_asked_for_is_not_preempted_by_a_block(refe
         assert await ask(session, 1, *CURSOR) == reference.answer(SOURCE, offset_of(*CURSOR))
         edit = host.submit_background(asked, lambda: "edit" if not release.wait(30) else "done")
         assert host.asked_pending()
-        await until(lambda: session.continuation._waiting is None)  # the block's pause is over
+        await until(lambda: session.continuation.deferred)  # the block's pause is over
         assert not asked.cancelled and host.counters.continuations == 0  # Not preempted by the block
         release.set()
         assert edit.result(30) == "done" and not host.asked_pending()
+        await until(lambda: host.counters.continuations == 1)  # Not lost: the block runs after it
+        assert not session.continuation.deferred
     finally:
         host.close()
 
@@ -160,6 +163,30 @@ def test_preempt_cancels_the_background_work_and_only_it():
         third = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
         host.submit_background(third, lambda: None).result(30)
         assert second.cancelled and not third.cancelled  # one at a time: the newest replaces the last
+    finally:
+        host.close()
+
+
+async def test_a_block_deferred_for_an_asked_edit_is_dropped_by_an_edit(reference, monkeypatch):
+    monkeypatch.setattr(continuation_module, "CONTINUE_AFTER_S", 0.01)
+    session, host = open_session()
+    try:
+        release = threading.Event()
+        asked = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+        assert await ask(session, 1, *CURSOR) is not None
+        edit = host.submit_background(asked, lambda: release.wait(30))
+        await until(lambda: session.continuation.deferred)
+        change = types.TextDocumentContentChangeWholeDocument(text=SOURCE + "x")
+        session.did_change(
+            types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=URI, version=2),
+                content_changes=[change],
+            )
+        )
+        release.set()
+        edit.result(30)
+        await asyncio.sleep(0.2)  # the edit's done-callback has had its turn on the loop
+        assert host.counters.continuations == 0  # Not started: the document changed
     finally:
         host.close()
 
