@@ -1,6 +1,6 @@
 """Line-first continuation: after a line-first answer (its first line at once), the whole block is
-decoded in the background once nothing happened for ``CONTINUE_AFTER_S`` (and a next edit the
-client asked for meanwhile is answered). It is the engine's last
+decoded in the background once nothing happened for ``CONTINUE_AFTER_S`` (since the answer to a
+next edit the client asked for meanwhile, if one was). It is the engine's last
 completion when it finishes, so accepting or typing into the line shows the rest of the block by
 type-ahead, and asking again at the cursor replays it; a request or an edit preempts it."""
 
@@ -60,11 +60,11 @@ class Continuation:
         if self._waiting is not token or self.outdated(doc):
             return  # a request or an edit came meanwhile
         if self.host.asked_pending():
-            # a next edit the client asked for goes before a block nobody asked for yet: the block
-            # starts once it is answered, unless a request or an edit comes first
+            # a next edit the client asked for goes before a block nobody asked for yet: the block's
+            # pause starts over once it is answered, unless a request or an edit comes first
             self.deferred = True
             loop = asyncio.get_running_loop()
-            self.host.after_asked(lambda: post_to_loop(loop, self._start, token, doc, params, request))
+            self.host.after_asked(lambda: post_to_loop(loop, self._pause, token, doc, params, request))
             return
         self._waiting = None
         self.deferred = False
@@ -73,6 +73,10 @@ class Continuation:
         future = self.host.submit_background(job, partial(self.generate, request, job), asked=False)
         loop = asyncio.get_running_loop()
         future.add_done_callback(lambda f: post_to_loop(loop, self._finished, f))
+
+    def _pause(self, token: object, doc: Document, params: CursorParams, request: CompletionRequest) -> None:
+        if self._waiting is token:
+            asyncio.get_running_loop().call_later(CONTINUE_AFTER_S, self._start, token, doc, params, request)
 
     def _finished(self, future: concurrent.futures.Future[CompletionResult | None]) -> None:
         self.host.counters.continuation_done(future)
