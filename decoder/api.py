@@ -24,6 +24,12 @@ def never_cancelled() -> bool:
     return False
 
 
+class PassInterrupted(Exception):
+    """A target pass stopped midway from another thread (``OnnxCausalLM.interrupt``): it committed
+    nothing, the cache is as it was before it. The decode that ran it stops when it is cancelled and
+    runs the pass again when not (an interrupt meant for work that had just ended)."""
+
+
 @runtime_checkable
 class KVCache(Protocol):
     """One sequence's KV cache, owned by that sequence.

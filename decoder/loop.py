@@ -24,6 +24,7 @@ from specls.decoder.api import (
     Drafter,
     DrafterStats,
     KVCache,
+    PassInterrupted,
     Stop,
     never_cancelled,
 )
@@ -117,7 +118,12 @@ def _prefill(
             done = False
             break
         end = min(len(prompt) - 1, target.length + chunk)
-        target.append(prompt[target.length : end])  # prompt positions' logits: not needed
+        try:
+            target.append(prompt[target.length : end])  # prompt positions' logits: not needed
+        except PassInterrupted:  # nothing of the run kept: stop, or run it again
+            if cancelled():
+                done = False
+                break
     result.prefill_tokens = (len(prompt) if done else target.length) - held
     result.prefill_ms = (clock() - t0) * 1e3
     return done
@@ -233,7 +239,8 @@ def generate(
     Stops: an eos id (not included in tokens), max_new_tokens (never exceeded), ``stop(tokens)`` True
     (tokens so far included; no draft token past ``stop.horizon`` or an eos is verified), the
     decode-phase deadline, ``cancelled()`` (checked before every target pass and between prefill runs
-    of ``settings.prefill_chunk`` tokens; returns the tokens so far, the cache holding the prompt
+    of ``settings.prefill_chunk`` tokens, and after a pass stopped midway, ``PassInterrupted``, which
+    runs again when not cancelled; returns the tokens so far, the cache holding the prompt
     positions computed). ``prefill_tokens`` counts the prompt tokens computed by this call
     (the last one is fed with the first decode pass).
     """
@@ -260,7 +267,17 @@ def generate(
         k = min(settings.draft_length, settings.max_new_tokens - len(out) - 1)
         drafter, draft, q = _draft(drafter, seq, out, k, sampling, eos_ids, stop)
         base = len(seq) - 1  # the last committed token's position (== target.length but for a tail)
-        n_acc, nxt = _verify(target, seq, draft, q, settings, rng, clock, result)
+        verified = None
+        while verified is None:
+            try:
+                verified = _verify(target, seq, draft, q, settings, rng, clock, result)
+            except PassInterrupted:  # nothing of the pass kept: stop, or run it again
+                if cancelled():
+                    break
+        if verified is None:
+            reason = "cancelled"
+            break
+        n_acc, nxt = verified
         _observe(drafter, draft, n_acc, result)
         reason = _commit([*draft[:n_acc], nxt], seq, out, eos_ids, stop, settings.max_new_tokens)
         if result.target_passes == 1:

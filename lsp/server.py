@@ -106,6 +106,7 @@ class EngineHost:
         self._background: Job | None = None  # the queued or running background work (one at a time)
         # ... when a client asked for it (a next edit), its future: a speculative block waits for it
         self._asked: concurrent.futures.Future[Any] | None = None
+        self._running: concurrent.futures.Future[Any] | None = None  # the background work's future
 
     @property
     def ready(self) -> bool:
@@ -167,6 +168,7 @@ class EngineHost:
         self.preempt()
         self._background = job
         future = self.executor.submit(fn)
+        self._running = future
         self._asked = future if asked else None
         return future
 
@@ -185,11 +187,17 @@ class EngineHost:
             future.add_done_callback(lambda _: fn())
 
     def preempt(self) -> None:
-        """A request or an edit came: cancel the background work (a running decode stops at its next
-        target pass, so the request waits for one pass at most). Event loop thread only."""
+        """A request or an edit came: cancel the background work; a running decode's pass in flight
+        is stopped midway (``Engine.interrupt``), so the request waits for about an operator of it,
+        not the pass. Event loop thread only."""
         job, self._background = self._background, None
         if job is not None:
             job.cancel("preempted")
+            future = self._running
+            if future is not None and future.running():
+                # stop its pass in flight: the request or the edit that came does not wait for it
+                # (a pass that just began another job's work is run again by that job's decode)
+                self.engine.interrupt()
 
     def stats(self) -> dict[str, object]:
         try:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from specls.decoder.api import CausalLM, KVCache
+from specls.decoder.api import CausalLM, KVCache, PassInterrupted
 from specls.models.head import load_head_ids, scatter_head
 from specls.models.spec import LOGITS_TO_KEEP, GraphIO, ModelLoadError, ModelSpec, check_graph_io, load_spec
 from specls.models.tokenizer import Tokenizer
@@ -50,6 +50,16 @@ from specls.models.tokenizer import Tokenizer
 from specls.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
+
+# what ONNX Runtime's error says when a run stopped at its run options' terminate flag
+TERMINATED = "terminate flag"
+
+
+def _run_options() -> Any:
+    import onnxruntime as ort
+
+    return ort.RunOptions()
+
 
 PROVIDERS = ("auto", "cpu", "cuda")
 # the session option that keeps constant MatMul weights where they are (a mapped external data file)
@@ -215,6 +225,9 @@ class OnnxCausalLM(CausalLM):
         # draft head's input; ``models.hidden_output``)
         if self.spec.hidden_name is not None:
             self.output_names.append(self.spec.hidden_name)
+        # the single-sequence passes' run options: ``interrupt`` sets their terminate flag, which
+        # stops a pass in flight between two of its operators (batched passes are not interrupted)
+        self.run_options: Any = _run_options()
         self._device_ops: dict[str, _DeviceOps] = {}
         self._batch_session: Any = None
         self._batch_lock = threading.Lock()
@@ -235,6 +248,23 @@ class OnnxCausalLM(CausalLM):
             self.provider,
             1000 * (time.perf_counter() - t0),
         )
+
+    def interrupt(self) -> None:
+        """Stop the single-sequence pass in flight (from another thread): it raises ``PassInterrupted``
+        within about an operator, the cache as before it; with none in flight, the next pass does
+        (and its decode runs it again when not cancelled)."""
+        self.run_options.terminate = True
+
+    def run_pass(self, run: Callable[[Any], Any]) -> Any:
+        """``run(run_options)``: one single-sequence pass; an interrupted one raises
+        ``PassInterrupted`` (the flag cleared for the next pass)."""
+        try:
+            return run(self.run_options)
+        except Exception as exc:
+            if TERMINATED not in str(exc):
+                raise
+            self.run_options.terminate = False
+            raise PassInterrupted(str(exc)) from None
 
     @property
     def vocab_size(self) -> int:
@@ -528,7 +558,8 @@ class OrtKVCache(KVCache):
         pad, feed = self._pass_feed(arr, keep)
         for name, past in zip(self._lm.past_names, self._past, strict=True):
             feed[name] = past
-        outs = self._lm.session.run(self._lm.output_names, feed)
+        lm = self._lm
+        outs = lm.run_pass(lambda options: lm.session.run(lm.output_names, feed, options))
         n_kv = len(self._lm.present_names)
         self._past = outs[1 : 1 + n_kv]  # each [1, kv, past+n+pad, hd]; the pad goes before the next pass
         self._shared = False
@@ -640,7 +671,8 @@ class SharedKVCache(OrtKVCache):
             shape, ptr = list(buf.shape), buf.ctypes.data
             binding.bind_input(past, "cpu", 0, lm.kv_dtype, shape, ptr)
             binding.bind_output(present, "cpu", 0, lm.kv_dtype, shape, ptr)  # the same memory: in place
-        lm.session.run_with_iobinding(binding)
+        # an interrupted pass may have written KV past the length: stale positions, overwritten next
+        lm.run_pass(lambda options: lm.session.run_with_iobinding(binding, options))
         self._pad = pad  # the pad position is overwritten by the next pass
         self._length += arr.size
         self._keep_hidden(None if hidden is None else hidden[0, : rows - pad])
@@ -690,7 +722,7 @@ class BoundKVCache(OrtKVCache):
         binding.bind_output(lm.spec.logits_name, logits_device, 0)
         for name in lm.present_names:
             binding.bind_output(name, self._device, 0)
-        lm.session.run_with_iobinding(binding)
+        lm.run_pass(lambda options: lm.session.run_with_iobinding(binding, options))
         outs = binding.get_outputs()  # [logits [1, n + pad, vocab], present k0, v0, ... (device)]
         self._dev = list(outs[1:])
         self._pad = pad

@@ -286,4 +286,10 @@ class Engine(Protocol):
         identical to plain greedy decoding of the edit prompt."""
         ...
 
+    def interrupt(self) -> None:
+        """From another thread: stop the model pass in flight now (a cancelled request's, so that the
+        request that cancelled it does not wait for the pass); a decode not cancelled runs it again.
+        A no-op where passes cannot be stopped midway."""
+        ...
+
     def stats(self) -> dict[str, object]: ...

@@ -358,6 +358,13 @@ class OnnxEngine:
 
     # -- stats -----------------------------------------------------------------------------------
 
+    def interrupt(self) -> None:
+        from specls.models.runtime import OnnxCausalLM
+
+        models = self._models
+        if models is not None and isinstance(models.target, OnnxCausalLM):
+            models.target.interrupt()
+
     def stats(self) -> dict[str, object]:
         models = self._models
         return {

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from specls.api import EngineError, NextEditRequest, NextEditResult, no_next_edit
-from specls.decoder.api import CancelCheck, DecodeResult, DecodeSettings, Drafter, KVCache
+from specls.decoder.api import CancelCheck, DecodeResult, DecodeSettings, Drafter, KVCache, PassInterrupted
 from specls.decoder.buffer_index import BufferIndex
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
@@ -146,7 +146,7 @@ class EditPath:
                 self.policy.learn(out.pass_ms, feeds)
         reused = min(kept, len(job.prompt) - 1) if out.prefill_tokens or out.target_passes else 0
         result = self._result(request, job, out, ends, stop.text, reused)
-        self.last_confidence = self._confidence(state, cache, job, out) if result.edits else None
+        self.last_confidence = self._confidence(state, cache, job, out, cancelled) if result.edits else None
         if self.last_confidence is not None:
             result = replace(result, confidence=self.last_confidence.min_margin)
         if self._unsure(self.last_confidence):
@@ -238,7 +238,7 @@ class EditPath:
         return replace(base, edits=tuple(edits), rewritten=rewritten, dropped=dropped, undone=undone)
 
     def _confidence(
-        self, state: DocState, cache: KVCache, job: EditJob, out: DecodeResult
+        self, state: DocState, cache: KVCache, job: EditJob, out: DecodeResult, cancelled: CancelCheck
     ) -> EditConfidence | None:
         """The target's confidence on the output's changed tokens: one pass from the first of them
         to the last on the document's edit KV (which then holds the output that far)."""
@@ -249,7 +249,14 @@ class EditPath:
         start = max(0, min(cache.length, base + at[0] - 1))
         try:
             cache.truncate(start)
-            logits = cache.forward(full[start : base + at[-1]])
+            logits = None
+            while logits is None:
+                try:
+                    logits = cache.forward(full[start : base + at[-1]])
+                except PassInterrupted:  # stopped midway, the KV as before it: cancelled, or again
+                    if cancelled():
+                        state.tokens = full[: cache.length]
+                        return None
         except Exception as exc:  # a failed pass leaves no KV to trust, and no confidence
             log.warning("next edit: confidence pass failed: %s", exc)
             state.cache, state.tokens = None, []

@@ -145,6 +145,9 @@ class FakeEngine:
             self.passes += 1
         return no_next_edit(request, "unchanged", provider="fake")
 
+    def interrupt(self) -> None:
+        """A fake has no passes to stop."""
+
     def stats(self) -> dict[str, object]:
         with self._lock:
             return {

@@ -232,6 +232,9 @@ class RemoteEngine:
         )
         return replace(result, edits=tuple(edits), dropped=dropped, undone=undone, provider="remote")
 
+    def interrupt(self) -> None:
+        """Nothing to stop here: a back end's request ends when its HTTP request is cancelled."""
+
     def stats(self) -> dict[str, object]:
         http_requests, errors = self._http.counts()
         with self._lock:

@@ -624,6 +624,9 @@ class FairScheduler:
                 },
             }
 
+    def interrupt(self) -> None:
+        """Nothing to stop from here: the scheduler preempts its own work between passes."""
+
     def stats(self) -> dict[str, object]:
         try:
             engine_stats = self.engine.stats()
@@ -706,6 +709,9 @@ class ClientSession:
             self._docs.add(request.doc_id)  # the engine may now hold its edit KV: freed on close
         inner = dataclasses.replace(request, doc_id=self.inner_id(request.doc_id), path=doc_path(request))
         return self.scheduler.submit_edit(self, inner, cancelled)
+
+    def interrupt(self) -> None:
+        """Nothing to stop from here: the scheduler preempts its own work between passes."""
 
     def stats(self) -> dict[str, object]:
         out = self.scheduler.stats()

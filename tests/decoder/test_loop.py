@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from specls.decoder.acceptance import process_logits
-from specls.decoder.api import DecodeSettings, Drafter, KVCache, StopWhen
+from specls.decoder.api import DecodeSettings, Drafter, KVCache, PassInterrupted, StopWhen
 from specls.decoder.drafters import DrafterSettings, DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
 from specls.decoder.ngram import NgramIndex
@@ -518,3 +518,49 @@ def test_every_decode_pass_is_timed_with_the_tokens_it_fed() -> None:
     assert out.pass_ms[0][0] == len(PROMPT) - 3 + 4  # Not 5: the 4-token tail fed with 4 drafts
     # every token fed after the 3 cached ones (rejected drafts included) is in exactly one timed pass
     assert sum(n for n, _ in out.pass_ms) == cache.counter.tokens - 3
+
+
+class InterruptedCache(FakeCache):
+    """A cache whose passes numbered in ``at`` (0-based, prefill runs and decode passes alike) stop
+    midway: ``PassInterrupted``, nothing of the pass kept (as ``OnnxCausalLM.interrupt`` does)."""
+
+    def __init__(self, model: FakeLM, at: set[int]) -> None:
+        super().__init__(model)
+        self.at = at
+        self.passes = 0
+        self.interrupted = 0
+
+    def forward(self, ids: Sequence[int]) -> np.ndarray:
+        n = self.passes
+        self.passes += 1
+        if n in self.at:
+            self.interrupted += 1
+            raise PassInterrupted("terminate flag")
+        return super().forward(ids)
+
+
+@pytest.mark.parametrize("at", [{0}, {1}, {2, 3}, {5}])
+def test_an_interrupted_pass_of_a_request_not_cancelled_runs_again(at: set[int]) -> None:
+    # an interrupt meant for work that had just ended lands on this request's pass: it runs again
+    cache = InterruptedCache(TARGET, at)
+    drafter = ScriptedDrafter(PROMPT, REF, TARGET.vocab_size, mode="wrong_at", j=2)
+    settings = DecodeSettings(max_new_tokens=20, draft_length=4, prefill_chunk=4, fold_prefill=0)
+    out = generate(cache, PROMPT, drafter, settings, frozenset())
+    assert out.tokens == REF[:20] and out.stop_reason == "max_tokens"  # Not cut short, Not changed
+    assert cache.interrupted == len(at)
+    assert out.target_passes == cache.passes - len(at) - 2  # the 2 prefill runs; no stopped pass counted
+
+
+@pytest.mark.parametrize("at", [0, 1, 2, 4])
+def test_an_interrupted_pass_of_a_cancelled_request_ends_it_with_its_cache_intact(at: int) -> None:
+    cache = InterruptedCache(TARGET, {at})
+    drafter = ScriptedDrafter(PROMPT, REF, TARGET.vocab_size, mode="right")
+    settings = DecodeSettings(max_new_tokens=20, draft_length=4, prefill_chunk=4, fold_prefill=0)
+    out = generate(cache, PROMPT, drafter, settings, frozenset(), cancelled=lambda: cache.interrupted > 0)
+    assert out.stop_reason == "cancelled"
+    assert cache.passes == at + 1  # Not one more: it stopped at the interrupted pass
+    assert out.tokens == REF[: len(out.tokens)]
+    assert cache.tokens == (PROMPT + out.tokens)[: cache.length]  # what it holds is right
+    done = len(out.tokens)  # the next request goes on from there, on the same cache
+    again = generate(cache, PROMPT + out.tokens, None, DecodeSettings(max_new_tokens=20 - done), frozenset())
+    assert again.tokens == REF[done:20]

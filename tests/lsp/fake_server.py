@@ -125,6 +125,9 @@ class FakeEngine:
                 return NextEditResult((edit,), Region(n, n + 1), rewritten, tokens=1, provider="fake")
         return no_next_edit(request, "unchanged", provider="fake")
 
+    def interrupt(self) -> None:
+        """A fake has no passes to stop."""
+
     def stats(self) -> dict[str, object]:
         with self.lock:
             return {**self.counts, "docs": sorted(self.docs), "model": self.model}

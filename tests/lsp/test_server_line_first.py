@@ -16,6 +16,7 @@ from specls.lsp.server import EngineHost, Session, SpeclsServer, create_server
 from specls.lsp.settings import ServerSettings
 
 from specls.engine import EngineSettings, OnnxEngine
+from specls.team.fake import FakeEngine
 
 from .lsp_helpers import inline_params
 from .test_server_real import SOURCE, URI, Reference
@@ -188,6 +189,41 @@ async def test_a_block_deferred_for_an_asked_edit_is_dropped_by_an_edit(referenc
         await asyncio.sleep(0.2)  # the edit's done-callback has had its turn on the loop
         assert host.counters.continuations == 0  # Not started: the document changed
     finally:
+        host.close()
+
+
+class InterruptCounting(FakeEngine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupts = 0
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+
+
+def test_preempting_running_background_work_stops_its_pass_in_flight():
+    engine = InterruptCounting()
+    host = EngineHost(engine)
+    try:
+        started, release = threading.Event(), threading.Event()
+        running = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+
+        def work() -> None:
+            started.set()
+            release.wait(30)
+
+        future = host.submit_background(running, work)
+        assert started.wait(30)
+        host.preempt()
+        assert running.cancelled and engine.interrupts == 1  # the pass in flight is stopped
+        release.set()
+        future.result(30)
+        done = Job(URI, None, inline_params(URI, 0, 0), None, started=time.monotonic())
+        host.submit_background(done, lambda: None).result(30)
+        host.preempt()
+        assert done.cancelled and engine.interrupts == 1  # Not 2: no pass of it in flight to stop
+    finally:
+        release.set()
         host.close()
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from specls.decoder.api import CausalLM, KVCache
-from specls.models.runtime import OnnxCausalLM, OrtKVCache, RuntimeSettings
+from specls.decoder.api import CausalLM, KVCache, PassInterrupted
+from specls.models.runtime import BoundKVCache, OnnxCausalLM, OrtKVCache, RuntimeSettings, SharedKVCache
 from specls.models.spec import SPEC_FILE, ModelLoadError
 
 from tests.models.split_check import assert_split_invariant
@@ -251,3 +251,34 @@ def test_threads_spin_within_a_run_and_stop_after_it(spinning: bool) -> None:
     assert so.get_session_config_entry("session.force_spinning_stop") == flag
     assert so.get_session_config_entry("session.inter_op.allow_spinning") == "0"
     assert RuntimeSettings().spinning  # Not off: the 1.5B's one-token pass 12-18% slower at 2 threads
+
+
+@pytest.mark.parametrize("kind", ["in place", "host", "bound"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_an_interrupted_pass_keeps_nothing_and_the_next_one_is_exact(
+    lms: dict[str, OnnxCausalLM], arch: str, kind: str
+) -> None:
+    lm = lms[arch]
+    a = {"in place": lm.new_cache, "host": lambda: OrtKVCache(lm), "bound": lambda: BoundKVCache(lm, "cpu")}[
+        kind
+    ]()
+    assert kind != "in place" or isinstance(a, SharedKVCache)
+    a.forward(SEQ[:9])  # an odd pass: a pad row the next pass drops first
+    lm.interrupt()  # no pass in flight: the next one stops at its first operator
+    with pytest.raises(PassInterrupted):
+        a.forward(SEQ[9:15])
+    assert a.length == 9  # Not 15: the stopped pass committed nothing
+    after = a.forward(SEQ[9:15])  # the flag is cleared: this pass runs
+    b = lm.new_cache()
+    b.forward(SEQ[:9])
+    assert np.array_equal(after, b.forward(SEQ[9:15]))  # Not stale KV from the stopped pass
+
+
+def test_an_error_that_is_not_an_interrupt_is_raised_as_it_is(lms: dict[str, OnnxCausalLM]) -> None:
+    lm = lms["llama"]
+
+    def failing(options: object) -> None:
+        raise RuntimeError("some other failure")
+
+    with pytest.raises(RuntimeError, match="some other failure"):
+        lm.run_pass(failing)

@@ -329,3 +329,39 @@ def test_pass_costs_measured_once_per_machine(monkeypatch: pytest.MonkeyPatch, c
     assert len(calls) == (1 if costs_cache else 2)  # Not 2 with the cache: the second load reads it
     OnnxEngine(replace(base, threads=2)).load()
     assert len(calls) == (2 if costs_cache else 3)
+
+
+def test_an_interrupt_stops_a_cancelled_pass_and_a_stray_one_changes_nothing(
+    engine: OnnxEngine, points: list[Point]
+) -> None:
+    m = engine.models
+    settings = EngineSettings(lru_size=0, speculation=False)  # a pass a token: the same passes each run
+    ref = OnnxEngine(settings, m)
+    calls = [0]
+
+    def counted() -> bool:
+        calls[0] += 1
+        return False
+
+    want = ref.complete(req(points[1], "file:///w/ref.py", 40), counted)  # a check before every pass
+    # a stray interrupt (meant for work that had ended) lands on this request's first pass: it runs
+    # the pass again, the completion is the same
+    e = OnnxEngine(settings, m)
+    e.interrupt()
+    got = e.complete(req(points[1], "file:///w/stray.py", 40))
+    assert got.text == want.text and e.last_tokens == ref.last_tokens
+    # the request is cancelled just as its pass starts, and the pass is interrupted: it ends there
+    e2 = OnnxEngine(settings, m)
+    asked = [0]
+
+    def cancelled() -> bool:
+        asked[0] += 1
+        if asked[0] == calls[0] - 1:  # before the last decode pass: it starts, then both land
+            e2.interrupt()
+            return False
+        return asked[0] > calls[0] - 1
+
+    r = e2.complete(req(points[1], "file:///w/cancelled.py", 40), cancelled)
+    assert r.cancelled and r.stop_reason == "cancelled"
+    assert 0 < r.tokens < len(ref.last_tokens)  # Not all of it: the interrupted pass was the last
+    assert e2.last_tokens == ref.last_tokens[: r.tokens]
