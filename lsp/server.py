@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcServerNotInitialized
@@ -86,6 +86,9 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
+T = TypeVar("T")
+
+
 class EngineHost:
     """One engine for every session: load once, run everything engine-side on one worker thread."""
 
@@ -107,6 +110,7 @@ class EngineHost:
         # ... when a client asked for it (a next edit), its future: a speculative block waits for it
         self._asked: concurrent.futures.Future[Any] | None = None
         self._running: concurrent.futures.Future[Any] | None = None  # the background work's future
+        self._current: Job | None = None  # the completion request the engine thread runs now
 
     @property
     def ready(self) -> bool:
@@ -185,6 +189,20 @@ class EngineHost:
             fn()
         else:
             future.add_done_callback(lambda _: fn())
+
+    def run_request(self, job: Job, fn: Callable[[], T]) -> T:
+        """On the engine thread: ``fn()``, ``job``'s request, as the one ``stop_pass_of`` can stop."""
+        self._current = job
+        try:
+            return fn()
+        finally:
+            self._current = None
+
+    def stop_pass_of(self, job: Job) -> None:
+        """``job`` was just cancelled (superseded, its document changed, the client cancelled it): stop
+        its pass in flight if the engine thread runs it now. Event loop thread only."""
+        if self._current is job:
+            self.engine.interrupt()
 
     def preempt(self) -> None:
         """A request or an edit came: cancel the background work; a running decode's pass in flight
@@ -476,6 +494,7 @@ class Session:
         job = self.jobs.get(uri)
         if job is not None:
             job.cancel("changed")
+            self.host.stop_pass_of(job)
         try:
             doc = self.store.change(uri, params.text_document.version, params.content_changes)
         except Exception:
@@ -504,6 +523,7 @@ class Session:
         previous = self.jobs.get(uri)
         if previous is not None:
             previous.cancel("superseded")
+            self.host.stop_pass_of(previous)
         doc = self.store.get(uri)
         snapshot = doc.snapshot() if doc is not None else None
         self.jobs[uri] = Job(uri, msg_id, params, snapshot, started=time.monotonic())
@@ -514,6 +534,7 @@ class Session:
         for uri, job in list(self.jobs.items()):
             if job.msg_id == msg_id:
                 job.cancel("client")
+                self.host.stop_pass_of(job)
                 if not job.claimed:
                     del self.jobs[uri]
 
@@ -633,7 +654,9 @@ class Session:
             return None  # team mode and not authenticated
         engine = self.sync.engine
         try:
-            return engine.complete(request, job.event.is_set)
+            if self.team_auth.engine is not None:  # team mode: the scheduler's workers run it
+                return engine.complete(request, job.event.is_set)
+            return self.host.run_request(job, partial(engine.complete, request, job.event.is_set))
         except Exception as exc:
             logger.exception("engine.complete failed")
             logger.debug("engine error: %s", exc)
