@@ -44,7 +44,7 @@ class Continuation:
 
     def preempt(self) -> None:
         """A request, an edit, a close or a shutdown: no block starts after the pause, and a running
-        one stops at its next target pass."""
+        one's pass in flight is stopped midway."""
         self._waiting = None
         self.deferred = False
         self.host.preempt()

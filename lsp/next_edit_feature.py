@@ -8,7 +8,7 @@ the document version it is for; one whose version is already superseded is answe
 and an answer is dropped (empty) when the document changed while the edit was computed (checked with
 no await between the check and the answer). Never in the way of typing: the edit runs as the engine's
 background work (``EngineHost.submit_background``), which every completion request and every edit
-preempts (a running decode stops at its next target pass), as a newer next-edit request does (a
+preempts (a running decode's pass in flight is stopped midway), as a newer next-edit request does (a
 line-first answer's block, which nobody asked for yet, waits until it is answered); in team
 mode the scheduler runs it below every completion, and the client's completions preempt it there.
 """

@@ -15,8 +15,8 @@ Never stale: a completion request is for the document as it was when the request
 is taken when the message is dispatched (``SpeclsProtocol.handle_message``), before the messages after it
 in the same read (a didChange right behind it) are applied; the answer is computed on that snapshot and
 dropped (empty answer) when the document changed before it is sent. A didChange or a newer request for
-the same document, and ``$/cancelRequest``, cancel the request, queued or running (a running generation
-stops at its next target pass).
+the same document, and ``$/cancelRequest``, cancel the request, queued or running (a running generation's
+pass in flight is stopped midway: ``EngineHost.stop_pass_of``, ``Engine.interrupt``).
 """
 
 from __future__ import annotations
