@@ -250,14 +250,18 @@ class OnnxCausalLM(CausalLM):
         )
 
     def interrupt(self) -> None:
-        """Stop the single-sequence pass in flight (from another thread): it raises ``PassInterrupted``
-        within about an operator, the cache as before it; with none in flight, the next pass does
-        (and its decode runs it again when not cancelled)."""
+        """Stop the single-sequence verify pass in flight (from another thread): it raises
+        ``PassInterrupted`` within about an operator, the cache as before it; with none in flight,
+        the next one does (and its decode runs it again when not cancelled). Prefill runs are not
+        stopped: the KV they compute is what the next request's prompt shares."""
         self.run_options.terminate = True
 
-    def run_pass(self, run: Callable[[Any], Any]) -> Any:
+    def run_pass(self, run: Callable[[Any], Any], interruptible: bool = True) -> Any:
         """``run(run_options)``: one single-sequence pass; an interrupted one raises
-        ``PassInterrupted`` (the flag cleared for the next pass)."""
+        ``PassInterrupted`` (the flag cleared for the next pass). Not ``interruptible``: run without
+        the run options."""
+        if not interruptible:
+            return run(None)
         try:
             return run(self.run_options)
         except Exception as exc:
@@ -559,7 +563,9 @@ class OrtKVCache(KVCache):
         for name, past in zip(self._lm.past_names, self._past, strict=True):
             feed[name] = past
         lm = self._lm
-        outs = lm.run_pass(lambda options: lm.session.run(lm.output_names, feed, options))
+        # a prefill run (logits of its last row only) is not stopped midway (``interrupt``)
+        run = lambda options: lm.session.run(lm.output_names, feed, options)  # noqa: E731
+        outs = lm.run_pass(run, interruptible=keep is None)
         n_kv = len(self._lm.present_names)
         self._past = outs[1 : 1 + n_kv]  # each [1, kv, past+n+pad, hd]; the pad goes before the next pass
         self._shared = False
@@ -672,7 +678,7 @@ class SharedKVCache(OrtKVCache):
             binding.bind_input(past, "cpu", 0, lm.kv_dtype, shape, ptr)
             binding.bind_output(present, "cpu", 0, lm.kv_dtype, shape, ptr)  # the same memory: in place
         # an interrupted pass may have written KV past the length: stale positions, overwritten next
-        lm.run_pass(lambda options: lm.session.run_with_iobinding(binding, options))
+        lm.run_pass(lambda options: lm.session.run_with_iobinding(binding, options), keep is None)
         self._pad = pad  # the pad position is overwritten by the next pass
         self._length += arr.size
         self._keep_hidden(None if hidden is None else hidden[0, : rows - pad])
@@ -722,7 +728,7 @@ class BoundKVCache(OrtKVCache):
         binding.bind_output(lm.spec.logits_name, logits_device, 0)
         for name in lm.present_names:
             binding.bind_output(name, self._device, 0)
-        lm.run_pass(lambda options: lm.session.run_with_iobinding(binding, options))
+        lm.run_pass(lambda options: lm.session.run_with_iobinding(binding, options), keep is None)
         outs = binding.get_outputs()  # [logits [1, n + pad, vocab], present k0, v0, ... (device)]
         self._dev = list(outs[1:])
         self._pad = pad

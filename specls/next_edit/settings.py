@@ -42,10 +42,6 @@ class NextEditSettings:
     # real next edits add more (docs/next-edit.md, "When an output is over")
     max_added_lines: int = 3
     min_match: int = 3  # RegionDrafter's realignment match (decoder/region_drafter.py)
-    # the prompt's prefill runs (``DecodeSettings.prefill_chunk``): a warm request's tail (the edits,
-    # the block) in one run, each run a pass's fixed cost less; a keystroke does not wait for a run
-    # (it stops the pass in flight), and a cold prompt keeps the runs done when one is stopped
-    prefill_chunk: int = 256
     # the target's confidence on an edit's changed tokens (specls.next_edit.confidence), one short
     # pass over them after a decode that suggests edits; an edit whose least sure changed token's
     # top-1/top-2 logit margin is below ``min_margin`` is not shown (None: every edit is shown). The

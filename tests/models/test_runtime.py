@@ -272,6 +272,14 @@ def test_an_interrupted_pass_keeps_nothing_and_the_next_one_is_exact(
     b = lm.new_cache()
     b.forward(SEQ[:9])
     assert np.array_equal(after, b.forward(SEQ[9:15]))  # Not stale KV from the stopped pass
+    # a prefill run is not stopped (its KV is what the next request shares); the flag waits for the
+    # next verify pass
+    lm.interrupt()
+    a.append(SEQ[15:16])
+    assert a.length == 16
+    with pytest.raises(PassInterrupted):
+        a.forward(SEQ[16:17])
+    assert a.length == 16
 
 
 def test_an_error_that_is_not_an_interrupt_is_raised_as_it_is(lms: dict[str, OnnxCausalLM]) -> None:
