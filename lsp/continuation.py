@@ -44,7 +44,7 @@ class Continuation:
 
     def preempt(self) -> None:
         """A request, an edit, a close or a shutdown: no block starts after the pause, and a running
-        one's pass in flight is stopped midway."""
+        one stops at its next target pass."""
         self._waiting = None
         self.deferred = False
         self.host.preempt()

@@ -15,8 +15,8 @@ Never stale: a completion request is for the document as it was when the request
 is taken when the message is dispatched (``SpeclsProtocol.handle_message``), before the messages after it
 in the same read (a didChange right behind it) are applied; the answer is computed on that snapshot and
 dropped (empty answer) when the document changed before it is sent. A didChange or a newer request for
-the same document, and ``$/cancelRequest``, cancel the request, queued or running (a running generation's
-pass in flight is stopped midway: ``EngineHost.stop_pass_of``, ``Engine.interrupt``).
+the same document, and ``$/cancelRequest``, cancel the request, queued or running (a running generation
+stops at its next target pass: the pass in flight, finished, is what the next keystroke types through).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcServerNotInitialized
@@ -86,9 +86,6 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-T = TypeVar("T")
-
-
 class EngineHost:
     """One engine for every session: load once, run everything engine-side on one worker thread."""
 
@@ -110,7 +107,6 @@ class EngineHost:
         # ... when a client asked for it (a next edit), its future: a speculative block waits for it
         self._asked: concurrent.futures.Future[Any] | None = None
         self._running: concurrent.futures.Future[Any] | None = None  # the background work's future
-        self._current: Job | None = None  # the completion request the engine thread runs now
 
     @property
     def ready(self) -> bool:
@@ -190,31 +186,18 @@ class EngineHost:
         else:
             future.add_done_callback(lambda _: fn())
 
-    def run_request(self, job: Job, fn: Callable[[], T]) -> T:
-        """On the engine thread: ``fn()``, ``job``'s request, as the one ``stop_pass_of`` can stop."""
-        self._current = job
-        try:
-            return fn()
-        finally:
-            self._current = None
-
-    def stop_pass_of(self, job: Job) -> None:
-        """``job`` was just cancelled (superseded, its document changed, the client cancelled it): stop
-        its pass in flight if the engine thread runs it now. Event loop thread only."""
-        if self._current is job:
-            self.engine.interrupt()
-
     def preempt(self) -> None:
-        """A request or an edit came: cancel the background work; a running decode's pass in flight
-        is stopped midway (``Engine.interrupt``), so the request waits for about an operator of it,
-        not the pass. Event loop thread only."""
+        """A request or an edit came: cancel the background work (a running decode stops at its next
+        target pass; a next edit's pass in flight is stopped midway, ``Engine.interrupt``, so the
+        request does not wait for it). Event loop thread only."""
         job, self._background = self._background, None
         if job is not None:
             job.cancel("preempted")
-            future = self._running
-            if future is not None and future.running():
-                # stop its pass in flight: the request or the edit that came does not wait for it
-                # (a pass that just began another job's work is run again by that job's decode)
+            future = self._asked
+            if future is not None and future is self._running and future.running():
+                # a next edit's pass in flight is stopped: the request or the edit that came does not
+                # wait for it (a pass that just began another job's work is run again by that job's
+                # decode). A block's is not: a finished pass of it is what typing on can go through
                 self.engine.interrupt()
 
     def stats(self) -> dict[str, object]:
@@ -494,7 +477,6 @@ class Session:
         job = self.jobs.get(uri)
         if job is not None:
             job.cancel("changed")
-            self.host.stop_pass_of(job)
         try:
             doc = self.store.change(uri, params.text_document.version, params.content_changes)
         except Exception:
@@ -523,7 +505,6 @@ class Session:
         previous = self.jobs.get(uri)
         if previous is not None:
             previous.cancel("superseded")
-            self.host.stop_pass_of(previous)
         doc = self.store.get(uri)
         snapshot = doc.snapshot() if doc is not None else None
         self.jobs[uri] = Job(uri, msg_id, params, snapshot, started=time.monotonic())
@@ -534,7 +515,6 @@ class Session:
         for uri, job in list(self.jobs.items()):
             if job.msg_id == msg_id:
                 job.cancel("client")
-                self.host.stop_pass_of(job)
                 if not job.claimed:
                     del self.jobs[uri]
 
@@ -654,9 +634,7 @@ class Session:
             return None  # team mode and not authenticated
         engine = self.sync.engine
         try:
-            if self.team_auth.engine is not None:  # team mode: the scheduler's workers run it
-                return engine.complete(request, job.event.is_set)
-            return self.host.run_request(job, partial(engine.complete, request, job.event.is_set))
+            return engine.complete(request, job.event.is_set)
         except Exception as exc:
             logger.exception("engine.complete failed")
             logger.debug("engine error: %s", exc)
