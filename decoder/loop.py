@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 from specls.decoder.acceptance import greedy_accept_ids, process_logits, rejection_accept
@@ -32,6 +34,7 @@ from specls.decoder.api import (
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 
 def _sources(drafter: Drafter, n: int) -> list[str]:
@@ -194,6 +197,17 @@ def _verify(
     return n_acc, nxt
 
 
+def _unless_stopped(run: Callable[[], T], cancelled: CancelCheck) -> T | None:
+    """``run()``, run again while its pass is stopped midway (``PassInterrupted``: nothing of it kept)
+    and the request is not cancelled; None once it is."""
+    while True:
+        try:
+            return run()
+        except PassInterrupted:
+            if cancelled():
+                return None
+
+
 def _observe(drafter: Drafter | None, draft: list[int], n_acc: int, result: DecodeResult) -> None:
     """The drafter learns how its proposal fared; the result counts it by sub-drafter."""
     if draft and drafter is not None:
@@ -267,13 +281,8 @@ def generate(
         k = min(settings.draft_length, settings.max_new_tokens - len(out) - 1)
         drafter, draft, q = _draft(drafter, seq, out, k, sampling, eos_ids, stop)
         base = len(seq) - 1  # the last committed token's position (== target.length but for a tail)
-        verified = None
-        while verified is None:
-            try:
-                verified = _verify(target, seq, draft, q, settings, rng, clock, result)
-            except PassInterrupted:  # nothing of the pass kept: stop, or run it again
-                if cancelled():
-                    break
+        run = partial(_verify, target, seq, draft, q, settings, rng, clock, result)
+        verified = _unless_stopped(run, cancelled)
         if verified is None:
             reason = "cancelled"
             break
@@ -288,12 +297,5 @@ def generate(
             reason = "deadline"
     result.stop_reason = reason
     result.decode_ms = (clock() - t_decode) * 1e3
-    log.debug(
-        "generate: %d tokens, %d passes, %d/%d accepted, stop=%s",
-        len(out),
-        result.target_passes,
-        result.accepted,
-        result.drafted,
-        reason,
-    )
+    log.debug("generate: %d tokens, %d passes, stop=%s", len(out), result.target_passes, reason)
     return result

@@ -80,9 +80,8 @@ class OnnxEngine:
         self._counters = EngineCounters()
         self._builder: PromptBuilder | None = None
         self._encoder: DocumentEncoder | None = None
-        # the last computed request's prompt and generated tokens (benchmarks and debugging)
-        self.last_prompt: list[int] = []
-        self.last_tokens: list[int] = []
+        self.last_prompt: list[int] = []  # the last computed request's prompt (benchmarks, debugging)
+        self.last_tokens: list[int] = []  # ... and its generated tokens
         if models is not None:
             self._init_parts(models)
 
@@ -124,9 +123,8 @@ class OnnxEngine:
             self._edits.close_document(doc_id)
 
     def flush(self) -> None:
-        """Index every pending document update now (``complete`` defers big re-indexing of a buffer
-        that was indexed less than ``reindex_interval_s`` ago; the next request after the interval
-        catches up, or a server may call this when idle)."""
+        """Index every pending document update now (``complete`` defers re-indexing a buffer indexed
+        within ``reindex_interval_s``; the next request after it catches up, or a server when idle)."""
         with self._prep_lock:
             self._flush_pending(force=True)
 
@@ -359,11 +357,8 @@ class OnnxEngine:
     # -- stats -----------------------------------------------------------------------------------
 
     def interrupt(self) -> None:
-        from specls.models.runtime import OnnxCausalLM
-
-        models = self._models
-        if models is not None and isinstance(models.target, OnnxCausalLM):
-            models.target.interrupt()
+        if self._models is not None:
+            self._models.interrupt()
 
     def stats(self) -> dict[str, object]:
         models = self._models

@@ -69,6 +69,14 @@ class LoadedModels:
     # many it makes, and where a target cache's hidden states are read; None: none (or turned off)
     head: FeatureHeadParts | None = None
 
+    def interrupt(self) -> None:
+        """Stop the target's verify pass in flight (``OnnxCausalLM.interrupt``); a target that cannot
+        stop a pass midway lets it finish."""
+        from specls.models.runtime import OnnxCausalLM
+
+        if isinstance(self.target, OnnxCausalLM):
+            self.target.interrupt()
+
 
 @dataclass(frozen=True)
 class FeatureHeadParts:
