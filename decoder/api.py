@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -24,10 +24,35 @@ def never_cancelled() -> bool:
     return False
 
 
+T = TypeVar("T")
+
+
 class PassInterrupted(Exception):
     """A target pass stopped midway from another thread (``OnnxCausalLM.interrupt``): it committed
     nothing, the cache is as it was before it. The decode that ran it stops when it is cancelled and
     runs the pass again when not (an interrupt meant for work that had just ended)."""
+
+
+def unless_stopped(run: Callable[[], T], cancelled: CancelCheck) -> T | None:
+    """``run()``, run again while its pass is stopped midway (``PassInterrupted``: nothing of it kept)
+    and the request is not cancelled; None once it is.
+
+    >>> stops = [PassInterrupted(), None]
+    >>> def run():
+    ...     if stops.pop(0): raise PassInterrupted()
+    ...     return "done"
+    >>> unless_stopped(run, lambda: False)   # Not None: a stray interrupt, the pass ran again
+    'done'
+    >>> stops = [PassInterrupted()]
+    >>> print(unless_stopped(run, lambda: True))
+    None
+    """
+    while True:
+        try:
+            return run()
+        except PassInterrupted:
+            if cancelled():
+                return None
 
 
 @runtime_checkable

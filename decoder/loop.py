@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TypeVar
 
 import numpy as np
 from specls.decoder.acceptance import greedy_accept_ids, process_logits, rejection_accept
@@ -29,12 +28,12 @@ from specls.decoder.api import (
     PassInterrupted,
     Stop,
     never_cancelled,
+    unless_stopped,
 )
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-T = TypeVar("T")
 
 
 def _sources(drafter: Drafter, n: int) -> list[str]:
@@ -197,17 +196,6 @@ def _verify(
     return n_acc, nxt
 
 
-def _unless_stopped(run: Callable[[], T], cancelled: CancelCheck) -> T | None:
-    """``run()``, run again while its pass is stopped midway (``PassInterrupted``: nothing of it kept)
-    and the request is not cancelled; None once it is."""
-    while True:
-        try:
-            return run()
-        except PassInterrupted:
-            if cancelled():
-                return None
-
-
 def _observe(drafter: Drafter | None, draft: list[int], n_acc: int, result: DecodeResult) -> None:
     """The drafter learns how its proposal fared; the result counts it by sub-drafter."""
     if draft and drafter is not None:
@@ -282,7 +270,7 @@ def generate(
         drafter, draft, q = _draft(drafter, seq, out, k, sampling, eos_ids, stop)
         base = len(seq) - 1  # the last committed token's position (== target.length but for a tail)
         run = partial(_verify, target, seq, draft, q, settings, rng, clock, result)
-        verified = _unless_stopped(run, cancelled)
+        verified = unless_stopped(run, cancelled)
         if verified is None:
             reason = "cancelled"
             break

@@ -106,7 +106,6 @@ class EngineHost:
         self._background: Job | None = None  # the queued or running background work (one at a time)
         # ... when a client asked for it (a next edit), its future: a speculative block waits for it
         self._asked: concurrent.futures.Future[Any] | None = None
-        self._running: concurrent.futures.Future[Any] | None = None  # the background work's future
 
     @property
     def ready(self) -> bool:
@@ -168,7 +167,6 @@ class EngineHost:
         self.preempt()
         self._background = job
         future = self.executor.submit(fn)
-        self._running = future
         self._asked = future if asked else None
         return future
 
@@ -194,7 +192,7 @@ class EngineHost:
         if job is not None:
             job.cancel("preempted")
             future = self._asked
-            if future is not None and future is self._running and future.running():
+            if future is not None and future.running():
                 # a next edit's pass in flight is stopped: the request or the edit that came does not
                 # wait for it (a pass that just began another job's work is run again by that job's
                 # decode). A block's is not: a finished pass of it is what typing on can go through

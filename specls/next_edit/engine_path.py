@@ -21,9 +21,10 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, replace
+from functools import partial
 
 from specls.api import EngineError, NextEditRequest, NextEditResult, no_next_edit
-from specls.decoder.api import CancelCheck, DecodeResult, DecodeSettings, Drafter, KVCache, PassInterrupted
+from specls.decoder.api import CancelCheck, DecodeResult, DecodeSettings, Drafter, KVCache, unless_stopped
 from specls.decoder.buffer_index import BufferIndex
 from specls.decoder.drafters import DraftModelDrafter, PromptLookupDrafter
 from specls.decoder.loop import generate
@@ -249,14 +250,10 @@ class EditPath:
         start = max(0, min(cache.length, base + at[0] - 1))
         try:
             cache.truncate(start)
-            logits = None
-            while logits is None:
-                try:
-                    logits = cache.forward(full[start : base + at[-1]])
-                except PassInterrupted:  # stopped midway, the KV as before it: cancelled, or again
-                    if cancelled():
-                        state.tokens = full[: cache.length]
-                        return None
+            logits = unless_stopped(partial(cache.forward, full[start : base + at[-1]]), cancelled)
+            if logits is None:  # cancelled while its pass was stopped: the KV as before it
+                state.tokens = full[: cache.length]
+                return None
         except Exception as exc:  # a failed pass leaves no KV to trust, and no confidence
             log.warning("next edit: confidence pass failed: %s", exc)
             state.cache, state.tokens = None, []
