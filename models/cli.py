@@ -79,7 +79,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
         choices=("auto", "int4", "int8", "none"),
         default="auto",
         help="quantization of every MatMul with a constant weight (LM head included): int8 = per-channel "
-        "int8 weights x per-row int8 activations (MatMulInteger; fp32 graphs), int4 = ONNX Runtime's "
+        "int8 weights x per-row int8 activations (MatMulIntegerToFloat; fp32 graphs), int4 = ONNX Runtime's "
         "MatMulNBits (auto: int8 for --dtype fp32, the CPU graph, for models of 50M+ weights; none for fp16, "
         "the CUDA graph). A quantized graph "
         "must agree with the unquantized one on held-out code or the export fails",

@@ -90,7 +90,7 @@ class ExportOptions:
     # and names it in specls.json's batch_onnx_file (nothing extra for plain exports: already batched)
     batch_graph: bool = False
     # quantization of every constant-weight MatMul (LM head included): "none" | "int4" (MatMulNBits)
-    # | "int8" (MatMulInteger) | "auto" (see resolve_quantize). The library default stays
+    # | "int8" (MatMulIntegerToFloat) | "auto" (see resolve_quantize). The library default stays
     # "none" (the bundled pair and the tests); the CLI's default is "auto".
     quantize: str = "none"
     quant_block_size: int = QuantizeOptions.block_size
@@ -495,7 +495,7 @@ def resolve_quantize(mode: str, dtype: str) -> str:
         raise ExportError(f"quantize must be auto or one of {QUANTIZE_MODES}, not {mode!r}")
     if mode == "int8" and dtype != "fp32":
         raise ExportError(
-            f"--quantize int8 takes --dtype fp32 (its MatMulInteger kernel computes in fp32), not {dtype}"
+            f"--quantize int8 takes --dtype fp32 (its integer kernel computes in fp32), not {dtype}"
         )
     return mode
 
@@ -509,7 +509,7 @@ def _quantize_options(mode: str, options: ExportOptions) -> QuantizeOptions | No
         block_size=options.quant_block_size,
         accuracy_level=options.quant_accuracy_level,
         embedding=options.quantize_embedding and (base.bits == 4 or base.kernel == "integer"),
-        # MatMulInteger computes in fp32: an fp16 graph (the CUDA one) keeps MatMulNBits for its head
+        # the int8 kernel computes in fp32: an fp16 graph (the CUDA one) keeps MatMulNBits for its head
         head_kernel=base.head_kernel if options.dtype == "fp32" else None,
     )
 
@@ -981,8 +981,8 @@ def _name_dims(model: Any, spec: ModelSpec) -> None:
             rename(outputs[n], {0: "batch", 2: "past_plus_new"})
 
 
-# ops a vocabulary projection runs as (a float MatMul, or the int8 export's MatMulInteger)
-PROJECTION_OPS = ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits", "MatMulInteger")
+# ops a vocabulary projection runs as (a float MatMul, or an int8 export's integer product)
+PROJECTION_OPS = ("MatMul", "FusedMatMul", "Gemm", "MatMulNBits", "MatMulInteger", "MatMulIntegerToFloat")
 # the graph value ``add_logits_to_keep`` negates the kept count into (its Slice's start)
 KEEP_START = f"{LOGITS_TO_KEEP}_neg"
 

@@ -125,7 +125,7 @@ def projection_rows(model_dir: Path, ids: np.ndarray) -> np.ndarray:
     producer = {out: node for node in model.graph.node for out in node.output}
     scale: np.ndarray | None = None
     node = producer.get(spec.logits_name)
-    while node is not None and node.op_type not in ("MatMul", "MatMulInteger"):
+    while node is not None and node.op_type not in ("MatMul", "MatMulInteger", "MatMulIntegerToFloat"):
         for name in node.input:
             t = inits.get(name)
             if node.op_type == "Mul" and t is not None and list(t.dims) == [spec.vocab_size]:
@@ -135,7 +135,9 @@ def projection_rows(model_dir: Path, ids: np.ndarray) -> np.ndarray:
     if weight is None or list(weight.dims)[-1] != spec.vocab_size:
         raise ValueError(f"{model_dir}: vocabulary projection weight not found")
     w = numpy_helper.to_array(weight)[:, ids].astype(np.float32)  # [hidden, len(ids)]
-    if node is not None and node.op_type == "MatMulInteger":
+    if node is not None and node.op_type == "MatMulIntegerToFloat":  # its B scale: [vocab]
+        scale = numpy_helper.to_array(inits[node.input[3]]).astype(np.float32)
+    if node is not None and node.op_type in ("MatMulInteger", "MatMulIntegerToFloat"):
         if scale is None:
             raise ValueError(f"{model_dir}: int8 projection without a per-token scale")
         w *= scale[ids][None, :]

@@ -4,7 +4,7 @@ int4 (``kernel="nbits"``): each becomes a ``com.microsoft.MatMulNBits`` node (OR
 ``MatMulNBitsQuantizer``) holding 4- or 8-bit blocks (the LM head: 8 bits by default) of
 ``block_size`` weights along K with one scale per block; activations stay in the graph's dtype (fp32
 on CPU, fp16 for CUDA). int8 (``kernel="integer"``, fp32 graphs): per-channel int8 weights and
-per-row int8 activations through the standard ``MatMulInteger`` (``_integer_matmul``), built here
+per-row int8 activations through ``MatMulIntegerToFloat`` (``_integer_matmul``), built here
 because ORT's quantizers only offer per-tensor activation scales (``DynamicQuantizeLinear``), which
 would make a row's result depend on the other rows of its pass. With ``embedding``
 the token-embedding Gather becomes ``GatherBlockQuantized`` (4 bits only: ORT has no 8-bit kernel for
@@ -43,7 +43,7 @@ class QuantizeOptions:
     bits: int = 4  # 4 | 8
     # "nbits": MatMulNBits (weight blocks along K, activations rounded to int8 per block inside the
     # kernel). "integer" (8 bits only): per-channel int8 weights x per-row int8 activations through
-    # MatMulInteger (MLAS' packed u8s8 GEMM), see ``_integer_matmul``. MatMulNBits at level 4 costs a
+    # MatMulIntegerToFloat (MLAS' packed u8s8 GEMM), see ``_integer_matmul``. MatMulNBits at level 4 costs a
     # row-sized slice of a pass per extra row, where the GEMM reads the weights once for all rows: a
     # many-token verify pass costs little more than a one-token one (docs/quantization.md).
     kernel: str = "nbits"
@@ -67,7 +67,7 @@ class QuantizeOptions:
     # and the 8-bit head costs a little size.
     head_bits: int | None = None
     # kernel of an 8-bit LM head: None = ``kernel``; "integer" puts the head of an int4 (nbits) graph
-    # through MatMulInteger (``_integer_matmul``; fp32 graphs only), what ``--quantize int4`` does for
+    # through MatMulIntegerToFloat (``_integer_matmul``; fp32 graphs only), what ``--quantize int4`` does for
     # fp32: a bit faster, most of all on many-token passes (an 8-bit MatMulNBits head's cost grows
     # per row like the body's), for the same agreement within noise.
     head_kernel: str | None = None
@@ -154,13 +154,13 @@ def _import_quantizer() -> Any:
 WEIGHT_MAX = 63
 
 
-def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any], list[Any]]:
+def _integer_matmul(node: Any, weight: np.ndarray) -> tuple[list[Any], list[Any]]:
     """``MatMul(x, W)`` -> (nodes, initializers) computing it as per-row int8 x per-channel int8:
 
         s_w[n] = max|W[:, n]| / 63,   W_q = round(W / s_w)                       # [K, N] in [-63, 63]
         s_x = max(max|x[..., :]|, eps) / 127                                      # [..., 1] one per row
         x_q = round(x / s_x) + 128                                                # uint8 in [1, 255]
-        y = float(MatMulInteger(x_q, W_q, zero point 128)) * s_x * s_w            # [..., N]
+        y = (float(x_q @ W_q - 128 * sum(W_q)) * s_w) * s_x                       # [..., N]
 
     Each output row depends on its own input row only, in exact integer arithmetic, so a row's
     result is bitwise the same whatever else is in the pass. The activations are unsigned with a
@@ -170,8 +170,13 @@ def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any
     instructions, MLAS multiplies u8 x s8 with ``vpmaddubsw``, which adds each pair of products into a
     saturating int16; 255 * 127 * 2 overflows it, 255 * 63 * 2 = 32,130 does not. With 8-bit weights such a CPU puts
     many outputs off the integer formula, and a model's agreement with fp32 falls with them.
+
+    Few nodes, because a pass of many rows (a prefill, a next edit's region copy) spends more in
+    the elementwise ops around the integer product than in it: x_q comes from one blocked
+    ``QuantizeLinear`` (one block per row, opset 21), and ``MatMulIntegerToFloat`` applies s_w as it
+    writes its output (a per-row scale it cannot take: s_x is one ``Mul`` after it).
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     s_w, q = _quantize_columns(weight)
     p = f"{node.name or node.output[0]}_i8"
@@ -181,29 +186,33 @@ def _integer_matmul(node: Any, weight: np.ndarray, opset: int) -> tuple[list[Any
         numpy_helper.from_array(s_w.astype(np.float32), f"{p}_w_scale"),
         numpy_helper.from_array(np.array(1e-30, np.float32), f"{p}_eps"),
         numpy_helper.from_array(np.array(1.0 / 127.0, np.float32), f"{p}_inv127"),
-        numpy_helper.from_array(np.array(128.0, np.float32), f"{p}_128"),
+        numpy_helper.from_array(np.array(1.0, np.float32), f"{p}_one"),
         numpy_helper.from_array(np.array(128, np.uint8), f"{p}_zp"),
+        numpy_helper.from_array(np.array([-1], np.int64), f"{p}_axes"),
     ]
-    if opset >= 18:  # ReduceMax took its axes as an attribute before opset 18
-        inits.append(numpy_helper.from_array(np.array([-1], np.int64), f"{p}_axes"))
-        reduce = helper.make_node("ReduceMax", [f"{p}_abs", f"{p}_axes"], [f"{p}_amax"], keepdims=1)
-    else:
-        reduce = helper.make_node("ReduceMax", [f"{p}_abs"], [f"{p}_amax"], axes=[-1], keepdims=1)
     nodes = [
         helper.make_node("Abs", [x], [f"{p}_abs"]),
-        reduce,  # [..., 1]
+        helper.make_node("ReduceMax", [f"{p}_abs", f"{p}_axes"], [f"{p}_amax"], keepdims=1),  # [..., 1]
         helper.make_node("Max", [f"{p}_amax", f"{p}_eps"], [f"{p}_amax_pos"]),
         helper.make_node("Mul", [f"{p}_amax_pos", f"{p}_inv127"], [f"{p}_x_scale"]),  # s_x: [..., 1]
-        helper.make_node("Div", [x, f"{p}_x_scale"], [f"{p}_x_div"]),
-        helper.make_node("Round", [f"{p}_x_div"], [f"{p}_x_round"]),
-        helper.make_node("Add", [f"{p}_x_round", f"{p}_128"], [f"{p}_x_shift"]),
-        helper.make_node("Cast", [f"{p}_x_shift"], [f"{p}_x_q"], to=TensorProto.UINT8),
+        # a blocked QuantizeLinear takes a zero point of its scale's shape
+        helper.make_node("Shape", [f"{p}_x_scale"], [f"{p}_x_scale_shape"]),
+        helper.make_node("Expand", [f"{p}_zp", f"{p}_x_scale_shape"], [f"{p}_x_zp"]),
         helper.make_node(
-            "MatMulInteger", [f"{p}_x_q", f"{p}_w", f"{p}_zp"], [f"{p}_acc"], name=f"{p}_matmul"
+            "QuantizeLinear",
+            [x, f"{p}_x_scale", f"{p}_x_zp"],
+            [f"{p}_x_q"],
+            axis=-1,
+            block_size=int(q.shape[0]),
         ),
-        helper.make_node("Cast", [f"{p}_acc"], [f"{p}_acc_f"], to=TensorProto.FLOAT),
-        helper.make_node("Mul", [f"{p}_acc_f", f"{p}_x_scale"], [f"{p}_row"]),
-        helper.make_node("Mul", [f"{p}_row", f"{p}_w_scale"], [y]),
+        helper.make_node(
+            "MatMulIntegerToFloat",
+            [f"{p}_x_q", f"{p}_w", f"{p}_one", f"{p}_w_scale", f"{p}_zp"],
+            [f"{p}_col"],
+            domain="com.microsoft",
+            name=f"{p}_matmul",
+        ),
+        helper.make_node("Mul", [f"{p}_col", f"{p}_x_scale"], [y]),
     ]
     return nodes, inits
 
@@ -250,8 +259,7 @@ class _IntegerQuantizer:
     graph (which holds the node's weight: loaded, or with ``base_dir`` its external data reference,
     read through a memory map a block of columns at a time)."""
 
-    def __init__(self, opset: int, base_dir: Path | None = None) -> None:
-        self.opset = opset
+    def __init__(self, base_dir: Path | None = None) -> None:
         self.base_dir = base_dir
 
     def quantize(self, node: Any, graph_stack: list[Any]) -> list[Any]:
@@ -264,7 +272,7 @@ class _IntegerQuantizer:
         weight = _mapped_array(tensor, self.base_dir) if self.base_dir is not None else None
         if weight is None:
             weight = numpy_helper.to_array(tensor)
-        nodes, inits = _integer_matmul(node, weight, self.opset)
+        nodes, inits = _integer_matmul(node, weight)
         del weight
         graph.initializer.extend(inits)
         return nodes
@@ -324,12 +332,14 @@ def quantize_graph(
         gather_quantized = _quantize_nodes(g, src.parent, options, head, quantizers)
     except Exception as exc:
         raise QuantizeError(f"{src}: quantization failed ({type(exc).__name__}: {exc})") from None
-    _set_opsets(model, gather_quantized)
     counts = Counter(n.op_type for n in model.graph.node)
+    _set_opsets(model, gather_quantized or counts["MatMulIntegerToFloat"] > 0)
     quantized = {
-        op: counts[op] for op in ("MatMulNBits", "MatMulInteger", "GatherBlockQuantized") if counts[op]
+        op: counts[op]
+        for op in ("MatMulNBits", "MatMulIntegerToFloat", "GatherBlockQuantized")
+        if counts[op]
     }
-    if not (quantized.get("MatMulNBits") or quantized.get("MatMulInteger")):
+    if not (quantized.get("MatMulNBits") or quantized.get("MatMulIntegerToFloat")):
         raise QuantizeError(f"{src}: no MatMul with a constant weight was found to quantize")
     after = sum(len(t.raw_data) for t in model.graph.initializer)
     _save(model, dst, external=after > _PROTOBUF_LIMIT)
@@ -363,7 +373,7 @@ def _check_options(options: QuantizeOptions) -> tuple[int, str]:
     if options.kernel not in ("nbits", "integer"):
         raise QuantizeError(f"kernel must be 'nbits' or 'integer', not {options.kernel!r}")
     if options.kernel == "integer" and options.bits != 8:
-        raise QuantizeError("the integer kernel (MatMulInteger) takes 8-bit weights only")
+        raise QuantizeError("the integer kernel (MatMulIntegerToFloat) takes 8-bit weights only")
     if options.embedding and options.bits != 4 and options.kernel == "nbits":
         raise QuantizeError("the embedding table can only be quantized to 4 bits (GatherBlockQuantized)")
     head_bits = options.bits if options.head_bits is None else options.head_bits
@@ -373,7 +383,7 @@ def _check_options(options: QuantizeOptions) -> tuple[int, str]:
     if head_kernel not in ("nbits", "integer"):
         raise QuantizeError(f"head_kernel must be 'nbits' or 'integer', not {head_kernel!r}")
     if head_kernel == "integer" and head_bits not in (0, 8):
-        raise QuantizeError("the integer kernel (MatMulInteger) takes an 8-bit head only")
+        raise QuantizeError("the integer kernel (MatMulIntegerToFloat) takes an 8-bit head only")
     return head_bits, head_kernel
 
 
@@ -401,16 +411,15 @@ class _Quantizers:
     ) -> None:
         _import_quantizer()
         self.options = options
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.body: Any = (
-            _IntegerQuantizer(opset, base_dir) if options.kernel == "integer" else self._nbits(options.bits)
+            _IntegerQuantizer(base_dir) if options.kernel == "integer" else self._nbits(options.bits)
         )
         self.head: Any = None
         if head_bits and head_kernel == options.kernel and head_bits == options.bits:
             self.head = self.body
         elif head_bits:
             self.head = (
-                _IntegerQuantizer(opset, base_dir) if head_kernel == "integer" else self._nbits(head_bits)
+                _IntegerQuantizer(base_dir) if head_kernel == "integer" else self._nbits(head_bits)
             )
         # the embedding goes through GatherBlockQuantized at 4 bits whatever the kernel (ORT has no 8-bit
         # kernel for it; an 8-bit MatMulNBits export keeps it, checked above)
@@ -479,15 +488,15 @@ def _quantize_nodes(
     return gather_quantized
 
 
-def _set_opsets(model: Any, gather_quantized: bool) -> None:
+def _set_opsets(model: Any, opset_21: bool) -> None:
     """The opsets the quantized nodes need: com.microsoft, and for int4 tensors (GatherBlockQuantized's
-    data) opset 21 and IR 10."""
+    data) or a blocked QuantizeLinear (the int8 kernel's) opset 21 and IR 10."""
     from onnx import helper
 
     domains = {o.domain: o for o in model.opset_import}
     if "com.microsoft" not in domains:
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    if gather_quantized:
+    if opset_21:
         for o in model.opset_import:
             if o.domain in ("", "ai.onnx") and o.version < 21:
                 o.version = 21

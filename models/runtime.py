@@ -79,7 +79,7 @@ class RuntimeSettings:
     # Pad every odd pass with one row whose logits and KV are dropped. ORT's CPU kernels compute a
     # lone row differently from rows that come in pairs: MatMulNBits at accuracy_level 4 runs the last
     # row of an odd pass through its one-row kernel, and GroupQueryAttention has a one-token path
-    # (int8's MatMulInteger rows are independent, but that path alone moves an int8 graph's logits
+    # (int8's integer product rows are independent, but that path alone moves an int8 graph's logits
     # through the next layers' int8 rounding).
     # With even passes each position's logits are bitwise the same however its tokens were split
     # into passes, so a verify pass computes what plain greedy computes (docs/quantization.md). It

@@ -67,7 +67,7 @@ def quantized(request: pytest.FixtureRequest) -> dict[str, Path]:
 def test_int8_export_has_matmulinteger_and_loads(int8: dict[str, Path], arch: str) -> None:
     d = int8[arch]
     ops = _ops(d / "model.onnx")
-    assert ops.get("MatMulInteger", 0) >= 9, ops  # the 9 fused projections + lm_head, as int4's
+    assert ops.get("MatMulIntegerToFloat", 0) >= 9, ops  # the 9 fused projections + lm_head, as int4's
     assert "MatMulNBits" not in ops and "MatMul" not in ops, ops  # Not int4's kernel, nothing left fp32
     assert ops.get("GatherBlockQuantized") == 1, ops  # the embedding at 4 bits, as int4's
     assert "GroupQueryAttention" in ops
@@ -90,7 +90,7 @@ def test_int4_export_has_matmulnbits_and_loads(int4: dict[str, Path], arch: str)
     # 2 layers x (q, k, v, o, gate, up, down) + lm_head = 15 projections; fused q/k/v -> 9 on the fused
     # graph (transformers' exporter packs QKV and gate/up)
     assert ops.get("MatMulNBits", 0) >= 8, ops
-    assert ops.get("MatMulInteger") == 1, ops  # the LM head at 8 bits through MatMulInteger, the body int4
+    assert ops.get("MatMulIntegerToFloat") == 1, ops  # the LM head at 8 bits, integer kernel; the body int4
     assert "MatMul" not in ops, ops  # every MatMul had a constant weight here: none left unquantized
     assert ops.get("GatherBlockQuantized") == 1, ops  # the embedding table
     assert "GroupQueryAttention" in ops  # the fused CPU path is kept
@@ -102,7 +102,7 @@ def test_int4_export_has_matmulnbits_and_loads(int4: dict[str, Path], arch: str)
     assert a["positions"] >= 2000 and 0 < a["fim_positions"] < a["positions"]
     assert TINY.min_top1 <= min(a["top1"], a["fim_top1"]) and a["top1"] <= 1.0 and a["mean_kl"] >= 0.0
     assert not list(d.glob(".quantize-*")) and not list(d.glob(".export-*"))  # staging dirs gone
-    assert load_spec(d).keeps_logits  # logits_to_keep survived quantization (on the MatMulInteger head)
+    assert load_spec(d).keeps_logits  # logits_to_keep survived quantization (on the integer head)
     lm = OnnxCausalLM(d, CPU)
     logits = lm.new_cache().forward([5, 17, 42, 99])
     assert logits.shape == (4, 300) and np.isfinite(logits).all()
@@ -228,7 +228,7 @@ def test_int8_plain_graph(
     for f in ("tokenizer.json", SPEC_FILE):
         (d / f).write_bytes((plain / f).read_bytes())
     ops = _ops(d / "model.onnx")
-    assert r.bits == 8 and ops.get("MatMulInteger") == 15, ops  # 2 x 7 projections + lm_head
+    assert r.bits == 8 and ops.get("MatMulIntegerToFloat") == 15, ops  # 2 x 7 projections + lm_head
     assert "MatMulNBits" not in ops and "GatherBlockQuantized" not in ops, ops
     assert ops.get("MatMul") == r.left_matmuls == 4  # Q.K^T and P.V per layer: activations, not weights
     a = agreement_of_dirs(plain, d, replace(TINY, positions=1024))
@@ -268,7 +268,7 @@ def test_quantize_options_and_errors(exported: dict[str, Path], tmp_path: Path) 
         quantize_graph(tmp_path / "junk.onnx", tmp_path / "y.onnx", QuantizeOptions())
     # auto: int8 on the CPU graph (fp32), none on the CUDA graph (fp16) — Not int8 everywhere
     assert [resolve_quantize("auto", d) for d in ("fp32", "fp16")] == ["int8", "none"]
-    with pytest.raises(ExportError, match="int8 takes --dtype fp32"):  # MatMulInteger: fp32 activations
+    with pytest.raises(ExportError, match="int8 takes --dtype fp32"):  # the integer kernel: fp32 activations
         resolve_quantize("int8", "fp16")
     with pytest.raises(ExportError, match="quantize must be"):
         resolve_quantize("int2", "fp32")
@@ -291,8 +291,8 @@ def test_fp16_activations_int4_weights_graph(tiny_checkpoints: dict[str, Path], 
         ExportOptions(dtype="fp16", quantize="int4", agreement=TINY),
     )
     ops = _ops(d / "model.onnx")
-    assert ops.get("MatMulNBits", 0) >= 9, ops  # the head too: MatMulInteger computes in fp32
-    assert "MatMulInteger" not in ops, ops
+    assert ops.get("MatMulNBits", 0) >= 9, ops  # the head too: the integer kernel computes in fp32
+    assert "MatMulIntegerToFloat" not in ops, ops
     assert load_spec(d).dtype == "fp16"
     report = read_report(d)
     assert report["ort_fusions"] == "cuda" and report["quantize"] == "int4"
@@ -411,7 +411,7 @@ def test_quantized_logits_do_not_depend_on_how_the_tokens_are_split_into_passes(
 ) -> None:
     """The int8-activation MatMulNBits path computes the last row of an odd pass with its one-row
     kernel: without even passes a verify pass and plain greedy differ here (up to 0.5 on the Qwen
-    int4 graphs), so speculative decoding would not equal plain greedy. int8's MatMulInteger rows
+    int4 graphs), so speculative decoding would not equal plain greedy. int8's integer product rows
     are independent, but its activations' int8 rounding would still carry GroupQueryAttention's
     one-token path into every later layer."""
     lm = OnnxCausalLM(quantized[arch], CPU)
@@ -450,7 +450,7 @@ def test_integer_matmul_is_the_formula_and_rows_are_independent(tmp_path: Path) 
     r = quantize_graph(
         _one_matmul(tmp_path, w), tmp_path / "q.onnx", options_for("int8") or QuantizeOptions()
     )
-    assert r.quantized == {"MatMulInteger": 1} and r.left_matmuls == 0
+    assert r.quantized == {"MatMulIntegerToFloat": 1} and r.left_matmuls == 0
     sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
     x = rng.standard_normal((1, 9, 96)).astype(np.float32) * np.arange(1, 10, dtype=np.float32)[None, :, None]
     x[0, 4] = 0.0
@@ -460,7 +460,7 @@ def test_integer_matmul_is_the_formula_and_rows_are_independent(tmp_path: Path) 
     q_w = np.rint(w / s_w).astype(np.int32)  # [K, N]
     s_x = np.maximum(np.abs(x).max(axis=-1, keepdims=True), np.float32(1e-30)) * np.float32(1.0 / 127.0)
     q_x = (np.rint(x / s_x) + np.float32(128.0)).astype(np.int32) - 128  # [1, 9, K]
-    want = ((q_x @ q_w).astype(np.float32) * s_x) * s_w  # [1, 9, N]
+    want = ((q_x @ q_w).astype(np.float32) * s_w) * s_x  # [1, 9, N]: s_w first, in the kernel
     np.testing.assert_array_equal(full, want)
     assert np.abs(full - x @ w).max() < 0.02 * np.abs(x @ w).max()  # and it is still the product
     assert not full[0, 4].any()
