@@ -335,9 +335,7 @@ def quantize_graph(
     counts = Counter(n.op_type for n in model.graph.node)
     _set_opsets(model, gather_quantized or counts["MatMulIntegerToFloat"] > 0)
     quantized = {
-        op: counts[op]
-        for op in ("MatMulNBits", "MatMulIntegerToFloat", "GatherBlockQuantized")
-        if counts[op]
+        op: counts[op] for op in ("MatMulNBits", "MatMulIntegerToFloat", "GatherBlockQuantized") if counts[op]
     }
     if not (quantized.get("MatMulNBits") or quantized.get("MatMulIntegerToFloat")):
         raise QuantizeError(f"{src}: no MatMul with a constant weight was found to quantize")
@@ -418,9 +416,7 @@ class _Quantizers:
         if head_bits and head_kernel == options.kernel and head_bits == options.bits:
             self.head = self.body
         elif head_bits:
-            self.head = (
-                _IntegerQuantizer(base_dir) if head_kernel == "integer" else self._nbits(head_bits)
-            )
+            self.head = _IntegerQuantizer(base_dir) if head_kernel == "integer" else self._nbits(head_bits)
         # the embedding goes through GatherBlockQuantized at 4 bits whatever the kernel (ORT has no 8-bit
         # kernel for it; an 8-bit MatMulNBits export keeps it, checked above)
         self.gather: Any = self._nbits(4)
