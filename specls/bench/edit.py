@@ -395,11 +395,7 @@ def run(args: argparse.Namespace) -> int:
     engine = OnnxEngine(engine_settings(vars(args), EngineSettings(costs_cache=False)))
     engine.load()
     # every edit is shown (no bar): the quality's show rule is the curve over the bars
-    edit = NextEditSettings(
-        lines_before=args.lines_before,
-        lines_after=args.lines_after,
-        min_margin=None,
-    )
+    edit = NextEditSettings(lines_before=args.lines_before, lines_after=args.lines_after, min_margin=None)
     return run_bench(engine, opt, edit)
 
 
@@ -417,8 +413,7 @@ def run_bench(engine: OnnxEngine, opt: EditBenchOptions, edit: NextEditSettings)
     if not tasks:
         sys.stderr.write("specls bench edit: no tasks (no sources, or no edits between them)\n")
         return 2
-    # decode timings without prompt rows in them: plain's passes feed one token each, as in plain greedy
-    data = run_tasks(engine, tasks, opt, replace(edit, fold_last_run=False))
+    data = run_tasks(engine, tasks, opt, edit)
     print(format_table(data))
     if opt.json_out:
         Path(opt.json_out).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

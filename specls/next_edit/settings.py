@@ -50,10 +50,6 @@ class NextEditSettings:
     # (bench/README.md, "Next edits"); a model that edits well is sure of its edits and clears it
     confidence: bool = True
     min_margin: float | None = 2.0
-    # the warm tail's last prefill run (a 128-token run and a bit) rides with the first pass, which
-    # spares a pass's fixed cost; ``specls bench edit`` turns it off to keep prompt rows out of its
-    # decode timings (DecodeSettings.fold_last_run)
-    fold_last_run: bool = True
     kv_documents: int = 2  # documents whose edit-prompt KV is kept (beside the completions')
     # requests that show one file view (``request_prompt.FileView``) before it is taken again: the
     # view is the prompt's long stable part, so keeping it spares its prefill; retaking it now and
