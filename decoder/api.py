@@ -226,10 +226,6 @@ class DecodeSettings:
     # less than another pass (weights are read once per run). A cold prompt keeps its own prefill (and
     # its prefill_ms). 0 = never.
     fold_prefill: int = 64
-    # A prefill's last run, when it is that short, rides with the first pass too (the edit path: its
-    # warm tail is a run and a bit, and a pass's fixed cost is what the bit would add). Off for
-    # completions, whose decode timings a benchmark compares without any prompt rows in them.
-    fold_last_run: bool = False
 
 
 @dataclass

@@ -106,9 +106,8 @@ def _prefill(
     result: DecodeResult,
 ) -> bool:
     """Bring the cache to prompt[:-1] (the last prompt token is fed with the first pass), in runs of
-    ``prefill_chunk`` tokens; a short uncached tail (``fold_prefill``), or with ``fold_last_run`` a
-    short last run, is left to ride with the first pass instead. False: cancelled between runs, the
-    runs done kept in the cache."""
+    ``prefill_chunk`` tokens; a short uncached tail (``fold_prefill``) is left to ride with the first
+    pass instead. False: cancelled between runs, the runs done kept in the cache."""
     t0 = clock()
     if target.length == len(prompt):
         target.truncate(len(prompt) - 1)
@@ -117,8 +116,6 @@ def _prefill(
     fold = len(prompt) - 1 - held <= settings.fold_prefill
     done = True
     while not fold and target.length < len(prompt) - 1:
-        if settings.fold_last_run and len(prompt) - 1 - target.length <= settings.fold_prefill:
-            break
         if target.length > held and cancelled():
             done = False
             break

@@ -193,7 +193,6 @@ class EditPath:
             draft_length=self.edit.draft_length if drafter is not None else 0,
             temperature=0.0,  # a suggestion is the greedy rewrite: exact, and what drafts pay for
             deadline_s=self.settings.deadline_s,
-            fold_last_run=True,
         )
         try:
             out = generate(cache, job.prompt, drafter, settings, eos, cancelled, stop)

@@ -88,22 +88,12 @@ LENGTHS = {
     "default": DecodeSettings(max_new_tokens=N),
     # the prompt prefilled by a run of its own instead of riding with the first pass
     "own_prefill": DecodeSettings(max_new_tokens=N, draft_length=8, fold_prefill=0),
-    # runs of 2, the last one riding with the first pass
-    "folded_run": DecodeSettings(
-        max_new_tokens=N, draft_length=8, prefill_chunk=2, fold_prefill=1, fold_last_run=True
-    ),
 }
 
 
 def prefill_runs(prompt: Sequence[int], settings: DecodeSettings, cached: int = 0) -> int:
     """Forwards before the first pass: none when the uncached prompt[:-1] rides with it."""
-    todo = len(prompt) - 1 - cached
-    if todo <= settings.fold_prefill:
-        return 0
-    chunk = settings.prefill_chunk or todo
-    if settings.fold_last_run:  # whole runs while more than fold_prefill is left
-        return -(-(todo - settings.fold_prefill) // chunk)
-    return -(-todo // chunk)
+    return 0 if len(prompt) - 1 - cached <= settings.fold_prefill else 1
 
 
 @pytest.mark.parametrize("length", list(LENGTHS))
@@ -497,26 +487,6 @@ def test_prefill_runs_of_prefill_chunk_tokens(chunk: int, runs: list[int]) -> No
     out = generate(cache, LONG, None, settings, frozenset())
     assert out.tokens == TARGET.greedy(LONG, 6)
     assert cache.appended == runs  # Not [34] for chunk 8: a cancel could not land inside it
-    assert out.prefill_tokens == len(LONG)
-
-
-@pytest.mark.parametrize(
-    ("chunk", "fold", "runs"),
-    [
-        (8, 2, [8, 8, 8, 8]),  # the last 2 ride with the first pass (Not [8, 8, 8, 8, 2])
-        (8, 1, [8, 8, 8, 8, 2]),  # a last run longer than fold_prefill keeps its own run
-        (16, 8, [16, 16]),  # Not [16]: only the last run folds
-        (8, 40, []),  # the whole prompt is short enough: no run at all, as without the flag
-    ],
-)
-def test_fold_last_run_feeds_a_short_last_run_with_the_first_pass(
-    chunk: int, fold: int, runs: list[int]
-) -> None:
-    cache = AppendingCache(TARGET)
-    settings = DecodeSettings(max_new_tokens=6, prefill_chunk=chunk, fold_prefill=fold, fold_last_run=True)
-    out = generate(cache, LONG, None, settings, frozenset())
-    assert out.tokens == TARGET.greedy(LONG, 6)
-    assert cache.appended == runs
     assert out.prefill_tokens == len(LONG)
 
 
