@@ -1,6 +1,6 @@
-"""Can one target pass verify a tree of drafts (issue 40, item 2)? One GroupQueryAttention node (no
-rotary) fed a 4-node tree after a 5-token past: node 0 follows the past, nodes 1 and 2 are two
-candidates after node 0, node 3 follows node 2. An ``attention_bias`` of [1, 1, S, past + S] that
+"""Can one target pass verify a tree of drafts (issue 40, item 2)? gqa_rows.py's GroupQueryAttention
+node (no rotary) fed a 4-node tree after a 5-token past: node 0 follows the past, nodes 1 and 2
+are two candidates after node 0, node 3 follows node 2. An ``attention_bias`` of [1, 1, S, past + S] that
 hides every new position but a node's ancestors should make each node attend to its own branch
 only; prints max |ORT - numpy| for the plain causal pass and for the tree, and how far the tree's
 outputs are from the causal ones (nonzero: the bias is applied).
@@ -14,43 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
-HQ, HKV, D, P = 4, 2, 16, 5
+# the same GroupQueryAttention node as gqa_rows.py (this folder is on sys.path when a script runs)
+from gqa_rows import HKV, HQ, D, build
+
+P = 5
 PARENT = [-1, 0, 0, 2]  # the tree: each new node's parent among the new nodes (-1: the past)
 S = len(PARENT)
 
 
 def session(bias: bool) -> ort.InferenceSession:
-    f, i32 = TensorProto.FLOAT, TensorProto.INT32
-    ins = [
-        helper.make_tensor_value_info("q", f, [1, S, HQ * D]),
-        helper.make_tensor_value_info("k", f, [1, S, HKV * D]),
-        helper.make_tensor_value_info("v", f, [1, S, HKV * D]),
-        helper.make_tensor_value_info("pk", f, [1, HKV, P, D]),
-        helper.make_tensor_value_info("pv", f, [1, HKV, P, D]),
-        helper.make_tensor_value_info("seqlens_k", i32, [1]),
-        helper.make_tensor_value_info("total", i32, []),
-    ]
-    names = ["q", "k", "v", "pk", "pv", "seqlens_k", "total"]
-    if bias:  # inputs 7-9 (cos, sin, position_ids) left out
-        ins.append(helper.make_tensor_value_info("bias", f, [1, 1, S, P + S]))
-        names += ["", "", "", "bias"]
-    node = helper.make_node(
-        "GroupQueryAttention",
-        names,
-        ["o", "ok", "ov"],
-        domain="com.microsoft",
-        num_heads=HQ,
-        kv_num_heads=HKV,
-    )
-    outs = [helper.make_tensor_value_info(n, f, None) for n in ("o", "ok", "ov")]
-    model = helper.make_model(
-        helper.make_graph([node], "g", ins, outs),
-        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
-    )
-    model.ir_version = 10
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    """gqa_rows.build's node without rotary or position_ids, with or without ``attention_bias``."""
+    return ort.InferenceSession(build(False, False, bias), providers=["CPUExecutionProvider"])
 
 
 def reference(feeds: dict[str, np.ndarray], allowed: np.ndarray) -> np.ndarray:
@@ -75,7 +50,7 @@ def main() -> int:
         "v": rng.standard_normal((1, S, HKV * D)).astype(np.float32),
         "pk": rng.standard_normal((1, HKV, P, D)).astype(np.float32),
         "pv": rng.standard_normal((1, HKV, P, D)).astype(np.float32),
-        "seqlens_k": np.array([P + S - 1], np.int32),
+        "seqlens": np.array([P + S - 1], np.int32),
         "total": np.array(P + S, np.int32),
     }
     causal = np.tril(np.ones((S, P + S), bool), P)
