@@ -10,7 +10,7 @@ class NextEditSettings:
     """The edit path's knobs (``specls.next_edit.engine_path``); docs/next-edit.md says why each.
 
     The region: whole lines from ``lines_before`` above the cursor's line to ``lines_after`` below
-    it: 12 lines, most of them below the cursor where the next edit mostly is. The region is what
+    it: 10 lines, most of them below the cursor where the next edit mostly is. The region is what
     each request re-prefills and decodes, so its size is latency (``specls bench edit
     --lines-before/--lines-after`` measures quality against it; bench/README.md, "Next edits").
     Around it the prompt shows up to ``window_before``/``window_after`` lines of the file (a view
@@ -20,7 +20,9 @@ class NextEditSettings:
     """
 
     lines_before: int = 3
-    lines_after: int = 8
+    # 6, not 8: the same edits right on the mined tasks, and each request prefills and copies two
+    # lines fewer (bench/README.md, "Next edits")
+    lines_after: int = 6
     window_before: int = 24
     window_after: int = 12
     history: int = 4
@@ -33,7 +35,7 @@ class NextEditSettings:
     # draft the region's continuation (RegionDrafter) under the drafting policy; False leaves lookup
     # and the draft model (the benchmark's "lookup" arm)
     region: bool = True
-    # the most tokens one pass drafts: a 12-line region's whole copy, since the rewrite copies the
+    # the most tokens one pass drafts: a 10-to-12-line region's whole copy, since the rewrite copies the
     # region but for the edit (a copy in progress is drafted to the region's end; the drafting policy
     # sizes the other passes by the measured verify costs)
     draft_length: int = 128
