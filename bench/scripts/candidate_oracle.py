@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from specls.decoder.datastore import DEFAULT_STATIC_LOOKUP, SEPARATOR
 
 WIDTHS = (2, 3, 4)
-MAX_OCCURRENCES = 4096
 
 
 def agreed(candidates: Sequence[Sequence[int]], truth: Sequence[int], k: int) -> int:
@@ -62,7 +62,7 @@ def sequence_candidates(seq: Sequence[int], i: int, k: int, max_n: int = 4) -> l
             continue
         tail = list(seq[i - n : i])
         ends = [j for j in range(n, i) if list(seq[j - n : j]) == tail]
-        out += [list(seq[j : min(j + k, i)]) for j in reversed(ends) if j < i]
+        out += [list(seq[j : min(j + k, i)]) for j in reversed(ends)]
     return out
 
 
@@ -74,9 +74,10 @@ def store_candidates(store: Any, context: Sequence[int], k: int) -> list[list[in
         if lo >= hi:
             continue
         out = []
-        for start in np.asarray(store.suffixes[lo:hi][:MAX_OCCURRENCES], dtype=np.int64) + n:
+        first = np.asarray(store.suffixes[lo:hi][: DEFAULT_STATIC_LOOKUP.max_occurrences], dtype=np.int64)
+        for start in first + n:
             c = [int(t) for t in store.tokens[start : start + k]]
-            c = c[: c.index(-1)] if -1 in c else c
+            c = c[: c.index(SEPARATOR)] if SEPARATOR in c else c
             if c:
                 out.append(c)
         return out
