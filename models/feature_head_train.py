@@ -51,6 +51,29 @@ class FeatureSet:
         z = np.load(path)
         return cls(z["hidden"], z["tokens"], z["argmax"], z["chunk"])
 
+    @classmethod
+    def concat(cls, parts: Sequence[FeatureSet], seed: int = 0) -> FeatureSet:
+        """Several corpora's features as one set. Chunks are numbered anew in a seeded random order, so
+        the held-out share (the highest-numbered chunks) samples every corpus, not only the last one.
+
+        >>> a = FeatureSet(np.zeros((3, 1)), np.arange(3), np.arange(3), np.array([0, 0, 1]))
+        >>> b = FeatureSet(np.ones((2, 1)), np.arange(2), np.arange(2), np.array([0, 0]))
+        >>> c = FeatureSet.concat([a, b])
+        >>> sorted(set(c.chunk.tolist())), c.tokens.tolist()   # Not chunk 0 twice: b's is its own
+        ([0, 1, 2], [0, 1, 2, 0, 1])
+        """
+        ids, offset = [], 0
+        for f in parts:
+            ids.append(f.chunk.astype(np.int64) + offset)
+            offset += int(f.chunk.max()) + 1 if f.chunk.size else 0
+        order = np.random.default_rng(seed).permutation(offset).astype(np.int32)  # old chunk -> new
+        return cls(
+            np.concatenate([f.hidden for f in parts]),
+            np.concatenate([f.tokens for f in parts]),
+            np.concatenate([f.argmax for f in parts]),
+            order[np.concatenate(ids)],
+        )
+
 
 def extract_features(
     lm: Any,

@@ -1,13 +1,15 @@
 """``specls head``: give an exported target a feature draft head (``specls.models.feature_head``), or
 show the one it has.
 
-    specls head train --model DIR [--from stdlib] [--tokens 160000]   # then serve DIR as usual
+    specls head train --model DIR [--from stdlib] [--from ~/my-repo] [--tokens 160000]   # then serve DIR
     specls head show --model DIR
 
 ``train`` adds the hidden-state output to the target's graph (in place: logits and KV are
-unchanged), runs the target over a code corpus to collect its hidden states and argmaxes, trains the
-heads (torch: the ``export`` extra) and writes ``DIR/feature_head/``. Serving then drafts with it
-unless ``--no-feature-head``. Train it on code the evaluation does not use.
+unchanged), runs the target over each code corpus to collect its hidden states and argmaxes (up to
+``--tokens`` positions from each), trains the heads (torch: the ``export`` extra) and writes
+``DIR/feature_head/``. Serving then drafts with it unless ``--no-feature-head``. The head is short of
+data, not of capacity, and code like the code it drafts for teaches it most: give it your
+repository beside the standard library. Train it on code the evaluation does not use.
 """
 
 from __future__ import annotations
@@ -35,9 +37,16 @@ def register(sub: Any) -> None:
     train = hsub.add_parser("train", help="collect the target's hidden states on a corpus and train")
     train.add_argument("--model", required=True, metavar="DIR", help="the exported target's directory")
     train.add_argument(
-        "--from", dest="corpus", default="stdlib", metavar="CORPUS", help="stdlib, site-packages or a folder"
+        "--from",
+        dest="corpus",
+        action="append",
+        default=None,
+        metavar="CORPUS",
+        help="stdlib, site-packages or a folder; again for more (default: stdlib)",
     )
-    train.add_argument("--tokens", type=int, default=160_000, help="positions of hidden states to collect")
+    train.add_argument(
+        "--tokens", type=int, default=160_000, help="positions of hidden states to collect from each corpus"
+    )
     train.add_argument("--heads", type=int, default=4, help="tokens guessed per pass")
     train.add_argument("--vocab", type=int, default=8192, help="the heads' reduced vocabulary")
     train.add_argument("--epochs", type=int, default=3)
@@ -103,13 +112,23 @@ def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(threads)
     add_hidden_output(model_dir)
     features = Path(args.features) if args.features else None
+    corpora: list[str] = args.corpus or ["stdlib"]
     t0 = time.perf_counter()
     if features is not None and features.is_file():
         f = FeatureSet.load(features)
     else:
+        try:  # every corpus checked before the first one's minutes of collecting
+            files = {corpus: corpus_files(corpus) for corpus in corpora}
+        except ValueError as exc:
+            sys.stderr.write(f"specls head train: {exc}\n")
+            return 2
         lm = OnnxCausalLM(model_dir, RuntimeSettings(threads=threads))
-        texts = [p.read_text(encoding="utf-8", errors="replace") for p in corpus_files(args.corpus)]
-        f = extract_features(lm, texts, lm.tokenizer.encode, args.tokens)
+        parts = []
+        for corpus in corpora:
+            texts = [p.read_text(encoding="utf-8", errors="replace") for p in files[corpus]]
+            parts.append(extract_features(lm, texts, lm.tokenizer.encode, args.tokens))
+            log.info("features: %s gave %d positions", corpus, parts[-1].tokens.size)
+        f = parts[0] if len(parts) == 1 else FeatureSet.concat(parts)
         if features is not None:
             f.save(features)
     extract_s = time.perf_counter() - t0
@@ -119,7 +138,7 @@ def _train(args: argparse.Namespace) -> int:
         heads=cfg.heads,
         vocab=int(trained.ids.size),
         hidden_size=int(f.hidden.shape[1]),
-        corpus=args.corpus,
+        corpus=",".join(corpora),
         positions=int(f.tokens.size),
         accuracy=tuple(round(a, 4) for a in trained.accuracy),
         train_s=round(extract_s + trained.train_s, 1),

@@ -165,10 +165,11 @@ def test_specls_head_train_then_show(
 
     d = tmp_path / "m"
     shutil.copytree(exported["llama"], d)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i, text in enumerate(CODE * 4):
-        (corpus / f"f{i}.py").write_text(text * 3)
+    corpora = [tmp_path / "corpus", tmp_path / "repo"]
+    for corpus in corpora:
+        corpus.mkdir()
+        for i, text in enumerate(CODE * 4):
+            (corpus / f"f{i}.py").write_text(text * 3)
     assert main(["head", "show", "--model", str(d)]) == 1  # none yet
     rc = main(
         [
@@ -177,7 +178,9 @@ def test_specls_head_train_then_show(
             "--model",
             str(d),
             "--from",
-            str(corpus),
+            str(corpora[0]),
+            "--from",
+            str(corpora[1]),
             "--tokens",
             "600",
             "--vocab",
@@ -194,11 +197,37 @@ def test_specls_head_train_then_show(
     )
     assert rc == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert report["positions"] >= 200 and len(report["accuracy"]) == 2
+    assert report["positions"] > 600 and len(report["accuracy"]) == 2  # Not 600: both corpora read
     assert load_spec(d).hidden_name == HIDDEN_NAME and has_feature_head(d) and (tmp_path / "f.npz").is_file()
     assert main(["head", "show", "--model", str(d)]) == 0
-    assert json.loads(capsys.readouterr().out)["heads"] == 2
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["heads"] == 2 and shown["corpus"] == f"{corpora[0]},{corpora[1]}"
     assert main(["head", "show", "--model", str(tmp_path / "nowhere")]) == 1
+
+
+def test_head_train_refuses_an_unknown_corpus_before_collecting(
+    exported: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specls.cli import main
+
+    d = tmp_path / "m"
+    shutil.copytree(exported["llama"], d)
+    rc = main(["head", "train", "--model", str(d), "--from", "stdlib", "--from", str(tmp_path / "nowhere")])
+    assert rc == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert not has_feature_head(d)
+
+
+def test_features_of_several_corpora_keep_each_chunk_apart() -> None:
+    from specls.models.feature_head_train import FeatureSet, head_samples
+
+    a = FeatureSet(np.zeros((4, 1)), np.array([1, 2, 3, 4]), np.array([2, 3, 4, 5]), np.array([0, 0, 1, 1]))
+    b = FeatureSet(np.ones((3, 1)), np.array([5, 6, 7]), np.array([6, 7, 8]), np.array([0, 0, 0]))
+    c = FeatureSet.concat([a, b], seed=3)
+    assert c.tokens.tolist() == [1, 2, 3, 4, 5, 6, 7] and c.hidden[:, 0].tolist() == [0, 0, 0, 0, 1, 1, 1]
+    assert len(set(c.chunk.tolist())) == 3  # Not 2: b's chunk 0 is not a's
+    # a label never crosses from one corpus's chunk into another's
+    assert head_samples(c, 1).tolist() == [0, 2, 4, 5]  # Not 3: position 4 is b's
 
 
 def test_head_data_pairs_each_position_with_the_tokens_between_and_the_label() -> None:
