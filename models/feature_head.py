@@ -90,9 +90,11 @@ class FeatureHead:
                 f"{folder}: the head reads hidden size {self.info.hidden_size}, the target has {hidden_size}"
             )
         opts = ort.SessionOptions()
-        # one thread: a few small matrix-vector products, over before a second thread would start
-        opts.intra_op_num_threads = max(1, threads)
+        # the target's threads, idle between its passes: its matrix-vector products split well
+        opts.intra_op_num_threads = max(0, threads)  # 0: ONNX Runtime's default, as the target
         opts.inter_op_num_threads = 1
+        # never spinning: a worker left spinning after a guess takes a core from the next target pass
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(
                 str(folder / HEAD_GRAPH), opts, providers=["CPUExecutionProvider"]
@@ -243,13 +245,13 @@ def guess_cost(target: Any, guess: Any, rounds: int = 5, prefix: int = 64) -> di
     return {"pass_ms": round(p, 2), "guess_ms": round(g, 3), "guess_per_pass": round(g / max(p, 1e-9), 4)}
 
 
-def load_feature_head(model_dir: Path, hidden_size: int) -> FeatureHead | None:
+def load_feature_head(model_dir: Path, hidden_size: int, threads: int = 1) -> FeatureHead | None:
     """The target's head, or None when it has none; a broken one is logged and left out (a head only
     ever speeds decoding up)."""
     if not has_feature_head(model_dir):
         return None
     try:
-        return FeatureHead(model_dir, hidden_size)
+        return FeatureHead(model_dir, hidden_size, threads)
     except ModelLoadError as exc:
         log.warning("feature head not used: %s", exc)
         return None

@@ -253,7 +253,9 @@ def _feature_head(settings: EngineSettings, opened: _Opened) -> FeatureHeadParts
     from specls.models.feature_head import describe, guess_cost, load_feature_head
     from specls.models.runtime import OrtKVCache
 
-    head = load_feature_head(opened.target_dir, opened.target.spec.hidden_size)
+    head = load_feature_head(
+        opened.target_dir, opened.target.spec.hidden_size, opened.target.settings.threads
+    )
     if head is None:
         return None
 
