@@ -32,6 +32,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
+REPORT_S = 30.0  # collecting takes minutes to hours: a line this often says it is moving
+
 
 @dataclass(frozen=True)
 class FeatureSet:
@@ -82,9 +84,11 @@ def extract_features(
     max_tokens: int,
     chunk: int = 512,
     seed: int = 0,
+    report: Callable[[int, float], None] | None = None,
 ) -> FeatureSet:
     """Run ``lm`` (an ``OnnxCausalLM`` whose graph outputs its hidden state) over ``texts`` (shuffled
-    with ``seed``) in fresh ``chunk``-token sequences until ``max_tokens`` positions are kept."""
+    with ``seed``) in fresh ``chunk``-token sequences until ``max_tokens`` positions are kept;
+    ``report(positions, per_second)`` every ``REPORT_S`` seconds and once at the end."""
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
     hidden: list[np.ndarray] = []
@@ -92,6 +96,7 @@ def extract_features(
     argmax: list[np.ndarray] = []
     chunks: list[np.ndarray] = []
     total, n_chunk, t0 = 0, 0, time.perf_counter()
+    reported = t0
     for i in order:
         ids = encode(texts[i])
         for start in range(0, len(ids) - 16, chunk):  # a tail under 16 tokens teaches little
@@ -105,13 +110,18 @@ def extract_features(
             chunks.append(np.full(len(part), n_chunk, dtype=np.int32))
             n_chunk += 1
             total += len(part)
-            if n_chunk % 20 == 0:
-                rate = total / (time.perf_counter() - t0)
-                log.info("features: %d positions (%.0f a second)", total, rate)
+            now = time.perf_counter()
+            if now - reported >= REPORT_S:
+                reported = now
+                log.info("features: %d positions (%.0f a second)", total, total / (now - t0))
+                if report is not None:
+                    report(total, total / (now - t0))
             if total >= max_tokens:
                 break
         if total >= max_tokens:
             break
+    if report is not None:
+        report(total, total / max(1e-9, time.perf_counter() - t0))
     return FeatureSet(
         np.concatenate(hidden), np.concatenate(tokens), np.concatenate(argmax), np.concatenate(chunks)
     )
@@ -222,9 +232,13 @@ def _head_data(f: FeatureSet, k: int, index: np.ndarray, cut: int) -> _HeadData:
 
 
 def train_heads(
-    f: FeatureSet, rows_of: Callable[[np.ndarray], np.ndarray], cfg: HeadTraining
+    f: FeatureSet,
+    rows_of: Callable[[np.ndarray], np.ndarray],
+    cfg: HeadTraining,
+    report: Callable[[int, float], None] | None = None,
 ) -> TrainedHeads:
-    """Train ``cfg.heads`` chained heads on ``f``; ``rows_of(ids)`` gives the projection rows.
+    """Train ``cfg.heads`` chained heads on ``f``; ``rows_of(ids)`` gives the projection rows;
+    ``report(k, held-out top-1)`` after head k.
 
     Head k reads the hidden state at t and the embeddings (the projection rows: tied in the models
     this is for, and a fine start otherwise) of the tokens t+1..t+k: the one the target commits from t,
@@ -263,6 +277,8 @@ def train_heads(
             out.accuracy[-1],
             out.base_accuracy[-1],
         )
+        if report is not None:
+            report(k, out.accuracy[-1])
     out.train_s = time.perf_counter() - t0
     return out
 

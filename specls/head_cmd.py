@@ -107,6 +107,7 @@ def _train(args: argparse.Namespace) -> int:
     from specls.models.runtime import OnnxCausalLM, RuntimeSettings
     from specls.models.spec import load_spec
 
+    say = sys.stderr.write
     model_dir = Path(args.model)
     threads = resolve_threads(args.threads)
     torch.set_num_threads(threads)
@@ -120,20 +121,30 @@ def _train(args: argparse.Namespace) -> int:
         try:  # every corpus checked before the first one's minutes of collecting
             files = {corpus: corpus_files(corpus) for corpus in corpora}
         except ValueError as exc:
-            sys.stderr.write(f"specls head train: {exc}\n")
+            say(f"specls head train: {exc}\n")
             return 2
         lm = OnnxCausalLM(model_dir, RuntimeSettings(threads=threads))
         parts = []
         for corpus in corpora:
             texts = [p.read_text(encoding="utf-8", errors="replace") for p in files[corpus]]
-            parts.append(extract_features(lm, texts, lm.tokenizer.encode, args.tokens))
-            log.info("features: %s gave %d positions", corpus, parts[-1].tokens.size)
+            say(f"head: hidden states from {corpus} ({len(texts)} files), up to {args.tokens} positions\n")
+
+            def collected(n: int, rate: float) -> None:
+                left = max(0, args.tokens - n) / max(rate, 1e-9)
+                say(f"head: {n} positions ({rate:.0f} a second, at most {left / 60:.0f} min left)\n")
+
+            parts.append(extract_features(lm, texts, lm.tokenizer.encode, args.tokens, report=collected))
         f = parts[0] if len(parts) == 1 else FeatureSet.concat(parts)
         if features is not None:
             f.save(features)
     extract_s = time.perf_counter() - t0
     cfg = replace(HeadTraining(), heads=args.heads, vocab=args.vocab, epochs=args.epochs)
-    trained = train_heads(f, lambda ids: projection_rows(model_dir, ids), cfg)
+    say(f"head: training {cfg.heads} heads on {f.tokens.size} positions\n")
+
+    def trained_one(k: int, accuracy: float) -> None:
+        say(f"head: head {k} of {cfg.heads} trained, held-out top-1 {accuracy:.3f}\n")
+
+    trained = train_heads(f, lambda ids: projection_rows(model_dir, ids), cfg, report=trained_one)
     info = HeadInfo(
         heads=cfg.heads,
         vocab=int(trained.ids.size),

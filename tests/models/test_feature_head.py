@@ -196,8 +196,12 @@ def test_specls_head_train_then_show(
         ]
     )
     assert rc == 0
-    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr()
+    report = json.loads(out.out.strip().splitlines()[-1])
     assert report["positions"] > 600 and len(report["accuracy"]) == 2  # Not 600: both corpora read
+    # what a user waiting on it sees: each corpus's positions, then each head as it finishes
+    assert out.err.count("head: hidden states from") == 2 and "positions (" in out.err
+    assert "head 2 of 2 trained, held-out top-1" in out.err
     assert load_spec(d).hidden_name == HIDDEN_NAME and has_feature_head(d) and (tmp_path / "f.npz").is_file()
     assert main(["head", "show", "--model", str(d)]) == 0
     shown = json.loads(capsys.readouterr().out)
