@@ -113,6 +113,38 @@ def passes(seq: Sequence[int], start: int, stores: Sequence[Any], k: int) -> dic
     return count
 
 
+def decode_novel_tasks(
+    model: str, novel_sdists: str, datastore_spec: str, threads: int, n: int
+) -> tuple[list[tuple[list[int], int, list[Any]]], int]:
+    """Each novel task of ``bench real`` decoded plain greedy (64 tokens) by ``model``: (prompt + output
+    token ids, the prompt's length, its lookup sources: the task's workspace, then the datastore) per
+    task, and the datastore's size in tokens."""
+    from specls.bench.novel_tasks import novel_tasks, workspace_of
+    from specls.bench.real import _specls_run
+    from specls.datastore_cache import open_datastore
+    from specls.engine import EngineSettings, OnnxEngine
+    from specls.model_options import engine_settings
+    from specls.workspace_index import build_workspace, workspace_files
+
+    settings = engine_settings(
+        {"model": model, "threads": threads}, EngineSettings(lru_size=0, speculation=False)
+    )
+    engine = OnnxEngine(settings)
+    engine.load()
+    tok = engine.models.tokenizer
+    tasks = novel_tasks(Path(novel_sdists), Path(tempfile.mkdtemp(prefix="specls-novel-")), n, 0)
+    datastore = open_datastore(datastore_spec, tok)
+    workspaces = {
+        pkg: build_workspace(workspace_files(pkg, exclude=ex), tok) for pkg, ex in workspace_of(tasks).items()
+    }
+    decoded = []
+    for i, t in enumerate(tasks):
+        _specls_run(engine, t.point, f"novel{i}", 64, "64")
+        seq = list(engine.last_prompt) + list(engine.last_tokens)
+        decoded.append((seq, len(engine.last_prompt), [workspaces[t.package], datastore]))
+    return decoded, len(datastore)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="the target's specls model directory")
@@ -122,38 +154,17 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n", type=int, default=14)
     args = p.parse_args()
-    from specls.bench.novel_tasks import novel_tasks, workspace_of
-    from specls.bench.real import _specls_run
-    from specls.datastore_cache import open_datastore
-    from specls.engine import EngineSettings, OnnxEngine
-    from specls.model_options import engine_settings
-    from specls.workspace_index import build_workspace, workspace_files
-
-    settings = engine_settings(
-        {"model": args.model, "threads": args.threads}, EngineSettings(lru_size=0, speculation=False)
+    decoded, store_tokens = decode_novel_tasks(
+        args.model, args.novel_sdists, args.datastore, args.threads, args.n
     )
-    engine = OnnxEngine(settings)
-    engine.load()
-    tok = engine.models.tokenizer
-    tasks = novel_tasks(Path(args.novel_sdists), Path(tempfile.mkdtemp(prefix="specls-oracle-")), args.n, 0)
-    datastore = open_datastore(args.datastore, tok)
-    workspaces = {
-        pkg: build_workspace(workspace_files(pkg, exclude=ex), tok) for pkg, ex in workspace_of(tasks).items()
-    }
-    decoded = []
-    for i, t in enumerate(tasks):
-        _specls_run(engine, t.point, f"oracle{i}", 64, "64")
-        decoded.append(
-            (list(engine.last_prompt) + list(engine.last_tokens), len(engine.last_prompt), t.package)
-        )
     tokens = sum(len(seq) - start for seq, start, _ in decoded)
     print(
-        f"{len(tasks)} novel tasks, {tokens} greedy tokens, datastore {args.datastore} ({len(datastore)} tokens)"
+        f"{len(decoded)} novel tasks, {tokens} greedy tokens, datastore {args.datastore} ({store_tokens} tokens)"
     )
     for k in (int(x) for x in args.k.split(",")):
         total: dict[str, int] = {}
-        for seq, start, pkg in decoded:
-            for mode, n in passes(seq, start, [workspaces[pkg], datastore], k).items():
+        for seq, start, stores in decoded:
+            for mode, n in passes(seq, start, stores, k).items():
                 total[mode] = total.get(mode, 0) + n
         cells = ", ".join(f"{mode} {tokens / n:.3f}" for mode, n in total.items())
         print(f"K={k}: tokens per pass: {cells}")

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from candidate_oracle import decode_novel_tasks
 from specls.decoder.policy import PassCosts, best_gamma
 
 RUN46_VERIFY = (1.0, 1.0, 1.034, 1.034, 1.093, 1.093, 1.142, 1.142, 1.172)  # lookup arm, learned
@@ -113,33 +112,11 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n", type=int, default=14)
     args = p.parse_args()
-    from specls.bench.novel_tasks import novel_tasks, workspace_of
-    from specls.bench.real import _specls_run
-    from specls.datastore_cache import open_datastore
-    from specls.engine import EngineSettings, OnnxEngine
-    from specls.model_options import engine_settings
-    from specls.workspace_index import build_workspace, workspace_files
-
-    settings = engine_settings(
-        {"model": args.model, "threads": args.threads}, EngineSettings(lru_size=0, speculation=False)
-    )
-    engine = OnnxEngine(settings)
-    engine.load()
-    tok = engine.models.tokenizer
-    tasks = novel_tasks(Path(args.novel_sdists), Path(tempfile.mkdtemp(prefix="specls-needed-")), args.n, 0)
-    datastore = open_datastore(args.datastore, tok)
-    workspaces = {
-        pkg: build_workspace(workspace_files(pkg, exclude=ex), tok) for pkg, ex in workspace_of(tasks).items()
-    }
-    decoded = []
-    for i, t in enumerate(tasks):
-        _specls_run(engine, t.point, f"needed{i}", 64, "64")
-        seq = list(engine.last_prompt) + list(engine.last_tokens)
-        decoded.append((seq, len(engine.last_prompt), [workspaces[t.package], datastore]))
+    decoded, _ = decode_novel_tasks(args.model, args.novel_sdists, args.datastore, args.threads, args.n)
     costs = PassCosts(verify=RUN46_VERIFY)
     rates = acceptance(decoded)
     tpp, speedup = replay(decoded, rates, costs, None)
-    print(f"{len(tasks)} novel tasks; verify costs {RUN46_VERIFY}; a guess {args.cost} of a pass")
+    print(f"{len(decoded)} novel tasks; verify costs {RUN46_VERIFY}; a guess {args.cost} of a pass")
     print(f"lookup alone: {tpp:.3f} tokens a pass, estimated {speedup:.3f}x plain")
     for a in (float(x) for x in args.accept.split(",")):
         tpp_h, s_h = replay(decoded, rates, costs, (a, args.cost))
