@@ -21,7 +21,10 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specls.models.feature_head_train import FeatureSet
 
 log = logging.getLogger(__name__)
 
@@ -93,18 +96,10 @@ def _train(args: argparse.Namespace) -> int:
     except ImportError:
         sys.stderr.write("specls head train needs torch: pip install 'specls[export]'\n")
         return 2
-    from specls.datastore_cache import corpus_files
     from specls.model_options import resolve_threads
     from specls.models.feature_head import HeadInfo, head_dir, write_head_graph
-    from specls.models.feature_head_train import (
-        FeatureSet,
-        HeadTraining,
-        extract_features,
-        projection_rows,
-        train_heads,
-    )
+    from specls.models.feature_head_train import HeadTraining, projection_rows, train_heads
     from specls.models.hidden_output import add_hidden_output
-    from specls.models.runtime import OnnxCausalLM, RuntimeSettings
     from specls.models.spec import load_spec
 
     say = sys.stderr.write
@@ -112,31 +107,11 @@ def _train(args: argparse.Namespace) -> int:
     threads = resolve_threads(args.threads)
     torch.set_num_threads(threads)
     add_hidden_output(model_dir)
-    features = Path(args.features) if args.features else None
     corpora: list[str] = args.corpus or ["stdlib"]
     t0 = time.perf_counter()
-    if features is not None and features.is_file():
-        f = FeatureSet.load(features)
-    else:
-        try:  # every corpus checked before the first one's minutes of collecting
-            files = {corpus: corpus_files(corpus) for corpus in corpora}
-        except ValueError as exc:
-            say(f"specls head train: {exc}\n")
-            return 2
-        lm = OnnxCausalLM(model_dir, RuntimeSettings(threads=threads))
-        parts = []
-        for corpus in corpora:
-            texts = [p.read_text(encoding="utf-8", errors="replace") for p in files[corpus]]
-            say(f"head: hidden states from {corpus} ({len(texts)} files), up to {args.tokens} positions\n")
-
-            def collected(n: int, rate: float) -> None:
-                left = max(0, args.tokens - n) / max(rate, 1e-9)
-                say(f"head: {n} positions ({rate:.0f} a second, at most {left / 60:.0f} min left)\n")
-
-            parts.append(extract_features(lm, texts, lm.tokenizer.encode, args.tokens, report=collected))
-        f = parts[0] if len(parts) == 1 else FeatureSet.concat(parts)
-        if features is not None:
-            f.save(features)
+    f = _features(args, corpora, model_dir, threads)
+    if f is None:
+        return 2
     extract_s = time.perf_counter() - t0
     cfg = replace(HeadTraining(), heads=args.heads, vocab=args.vocab, epochs=args.epochs)
     say(f"head: training {cfg.heads} heads on {f.tokens.size} positions\n")
@@ -167,3 +142,38 @@ def _train(args: argparse.Namespace) -> int:
     }
     sys.stdout.write(json.dumps(report) + "\n")
     return 0
+
+
+def _features(
+    args: argparse.Namespace, corpora: list[str], model_dir: Path, threads: int
+) -> FeatureSet | None:
+    """The FeatureSet to train on: ``--features``'s file when it exists, else collected from each
+    corpus (and kept there); None, said on stderr, for an unknown corpus."""
+    from specls.datastore_cache import corpus_files
+    from specls.models.feature_head_train import FeatureSet, extract_features
+    from specls.models.runtime import OnnxCausalLM, RuntimeSettings
+
+    say = sys.stderr.write
+    features = Path(args.features) if args.features else None
+    if features is not None and features.is_file():
+        return FeatureSet.load(features)
+    try:  # every corpus checked before the first one's minutes of collecting
+        files = {corpus: corpus_files(corpus) for corpus in corpora}
+    except ValueError as exc:
+        say(f"specls head train: {exc}\n")
+        return None
+    lm = OnnxCausalLM(model_dir, RuntimeSettings(threads=threads))
+    parts = []
+    for corpus in corpora:
+        texts = [p.read_text(encoding="utf-8", errors="replace") for p in files[corpus]]
+        say(f"head: hidden states from {corpus} ({len(texts)} files), up to {args.tokens} positions\n")
+
+        def collected(n: int, rate: float) -> None:
+            left = max(0, args.tokens - n) / max(rate, 1e-9)
+            say(f"head: {n} positions ({rate:.0f} a second, at most {left / 60:.0f} min left)\n")
+
+        parts.append(extract_features(lm, texts, lm.tokenizer.encode, args.tokens, report=collected))
+    f = parts[0] if len(parts) == 1 else FeatureSet.concat(parts)
+    if features is not None:
+        f.save(features)
+    return f
