@@ -162,6 +162,10 @@ def _features(
     except ValueError as exc:
         say(f"specls head train: {exc}\n")
         return None
+    empty = [corpus for corpus, found in files.items() if not found]
+    if empty:
+        say(f"specls head train: no code files in {', '.join(empty)}\n")
+        return None
     lm = OnnxCausalLM(model_dir, RuntimeSettings(threads=threads))
     parts = []
     for corpus in corpora:

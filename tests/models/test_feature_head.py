@@ -219,6 +219,11 @@ def test_head_train_refuses_an_unknown_corpus_before_collecting(
     rc = main(["head", "train", "--model", str(d), "--from", "stdlib", "--from", str(tmp_path / "nowhere")])
     assert rc == 2
     assert "nowhere" in capsys.readouterr().err
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.bin").write_bytes(b"\x00\x01")
+    rc = main(["head", "train", "--model", str(d), "--from", str(tmp_path / "notes")])
+    assert rc == 2  # Not a traceback from collecting nothing
+    assert "no code files" in capsys.readouterr().err
     assert not has_feature_head(d)
 
 
