@@ -20,7 +20,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from candidate_oracle import decode_novel_tasks
+from candidate_oracle import agreed, decode_novel_tasks
 from specls.decoder.policy import PassCosts, best_gamma
 
 RUN46_VERIFY = (1.0, 1.0, 1.034, 1.034, 1.093, 1.093, 1.142, 1.142, 1.172)  # lookup arm, learned
@@ -47,13 +47,6 @@ def lookup_candidate(seq: Sequence[int], p: int, stores: Sequence[Any]) -> tuple
     return [], "none"
 
 
-def agreed(draft: Sequence[int], truth: Sequence[int]) -> int:
-    n = 0
-    while n < min(len(draft), len(truth)) and draft[n] == truth[n]:
-        n += 1
-    return n
-
-
 def acceptance(decoded: Sequence[tuple[list[int], int, list[Any]]]) -> dict[str, list[float]]:
     """Per kind of match: acceptance by position over every output position (accepted at i / reached i,
     a prior of 0.5 worth two observations)."""
@@ -63,7 +56,7 @@ def acceptance(decoded: Sequence[tuple[list[int], int, list[Any]]]) -> dict[str,
             c, kind = lookup_candidate(seq, p, stores)
             if not c:
                 continue
-            a = agreed(c, seq[p:])
+            a = agreed([c], seq[p:], K)
             cells = seen.setdefault(kind, [[0, 0] for _ in range(K)])
             for i in range(min(len(c), a + 1)):
                 cells[i][0] += 1
@@ -87,7 +80,7 @@ def replay(
         while p < len(seq):
             c, kind = lookup_candidate(seq, p, stores)
             g, s = best_gamma(rates.get(kind, [0.0]), costs, 0.0, len(c)) if c else (0, 1.0)
-            a, price = agreed(c[:g], seq[p:]), costs.verify_cost(g)
+            a, price = agreed([c], seq[p:], g), costs.verify_cost(g)
             if head is not None:
                 first, guess = head
                 accept = [first] + [0.85 * first] * 3
