@@ -148,7 +148,7 @@ def _features(
     args: argparse.Namespace, corpora: list[str], model_dir: Path, threads: int
 ) -> FeatureSet | None:
     """The FeatureSet to train on: ``--features``'s file when it exists, else collected from each
-    corpus (and kept there); None, said on stderr, for an unknown corpus."""
+    corpus (and kept there); None, said on stderr, for an unknown corpus or one without code files."""
     from specls.datastore_cache import corpus_files
     from specls.models.feature_head_train import FeatureSet, extract_features
     from specls.models.runtime import OnnxCausalLM, RuntimeSettings
